@@ -1,0 +1,253 @@
+//! Passive side of the tcp backend: what a NIC and a control loop do on a memnode.
+//!
+//! Each accepted connection gets a thread that reads request headers and dispatches:
+//! READ and WRITE go straight to the [`MemoryTarget`] (the one-sided path, which makes
+//! the NIC's rkey and bounds checks), SEND goes to the [`ControlHandler`] (the
+//! two-sided path). The two never meet: control logic never touches data requests.
+//!
+//! Everything read from the socket is hostile until checked: a header with a wrong
+//! magic or unknown op, or a length beyond the limits, closes the connection (the
+//! stream cannot be trusted to resynchronise), an access the target refuses gets an
+//! error completion. Nothing a client sends can panic the server or touch another
+//! client's memory.
+
+use super::wire::*;
+use crate::fabric::{AccessError, ConnectionState, ControlHandler, MemoryTarget, MAX_DATA_OP};
+use crate::protocol::MAX_CONTROL_FRAME;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// Most connections served at once; more are refused so a flood cannot exhaust threads.
+pub const MAX_CONNECTIONS: usize = 1024;
+
+struct Services {
+    target: Arc<dyn MemoryTarget>,
+    control: Arc<dyn ControlHandler>,
+    live: AtomicUsize,
+    next_conn_id: AtomicU64,
+    stopping: AtomicBool,
+    /// Clones of live streams, so shutdown can close them.
+    streams: Mutex<Vec<(u64, TcpStream)>>,
+}
+
+/// A listening tcp fabric server. Dropping it (or calling [`TcpServer::shutdown`])
+/// stops accepting and closes every connection.
+pub struct TcpServer {
+    addr: SocketAddr,
+    services: Arc<Services>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl TcpServer {
+    /// Binds `listen` ("host:port"; port 0 picks a free one) and starts serving.
+    pub fn start(
+        listen: &str,
+        target: Arc<dyn MemoryTarget>,
+        control: Arc<dyn ControlHandler>,
+    ) -> std::io::Result<TcpServer> {
+        let listener = TcpListener::bind(listen)?;
+        let addr = listener.local_addr()?;
+        let services = Arc::new(Services {
+            target,
+            control,
+            live: AtomicUsize::new(0),
+            next_conn_id: AtomicU64::new(1),
+            stopping: AtomicBool::new(false),
+            streams: Mutex::new(Vec::new()),
+        });
+        let s = services.clone();
+        let acceptor = std::thread::Builder::new()
+            .name("fabric-accept".into())
+            .spawn(move || accept_loop(listener, s))?;
+        Ok(TcpServer {
+            addr,
+            services,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting and closes every connection.
+    pub fn shutdown(&mut self) {
+        if self.services.stopping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // Wake the acceptor with a connection of our own.
+        let _ = TcpStream::connect(self.addr);
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+        for (_, s) in lock(&self.services.streams).drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for TcpServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn accept_loop(listener: TcpListener, services: Arc<Services>) {
+    for stream in listener.incoming() {
+        if services.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                log::warn!("accept failed: {e}");
+                continue;
+            }
+        };
+        if services.live.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
+            log::warn!("refusing connection: {MAX_CONNECTIONS} already open");
+            continue;
+        }
+        let peer = stream
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "?".into());
+        let conn_id = services.next_conn_id.fetch_add(1, Ordering::Relaxed);
+        if let Ok(clone) = stream.try_clone() {
+            lock(&services.streams).push((conn_id, clone));
+        }
+        services.live.fetch_add(1, Ordering::SeqCst);
+        let s = services.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("fabric-conn {peer}"))
+            .spawn(move || {
+                let mut conn = ConnectionState {
+                    conn_id,
+                    client: None,
+                    peer,
+                };
+                match serve(stream, &mut conn, &s) {
+                    Ok(()) => log::debug!("connection {} from {} closed", conn_id, conn.peer),
+                    Err(why) => log::info!("closing connection from {}: {}", conn.peer, why),
+                }
+                s.control.disconnected(&conn);
+                lock(&s.streams).retain(|(id, _)| *id != conn_id);
+                s.live.fetch_sub(1, Ordering::SeqCst);
+            });
+        if let Err(e) = spawned {
+            log::warn!("cannot spawn a connection thread: {e}");
+            services.live.fetch_sub(1, Ordering::SeqCst);
+            lock(&services.streams).retain(|(id, _)| *id != conn_id);
+        }
+    }
+}
+
+fn access_status(e: AccessError) -> u8 {
+    match e {
+        AccessError::UnknownKey
+        | AccessError::NotOwner
+        | AccessError::OutOfBounds
+        | AccessError::NotAuthenticated => STATUS_REMOTE_ACCESS,
+    }
+}
+
+/// Serves one connection until it closes (Ok) or misbehaves (Err with the reason).
+fn serve(stream: TcpStream, conn: &mut ConnectionState, s: &Services) -> Result<(), String> {
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    let write_half = stream.try_clone().map_err(|e| e.to_string())?;
+    let mut r = BufReader::with_capacity(256 << 10, stream);
+    let mut w = BufWriter::with_capacity(256 << 10, write_half);
+    let mut buf: Vec<u8> = Vec::new();
+    let mut header = [0u8; REQUEST_HEADER_LEN];
+    loop {
+        // Send completions out before blocking for more requests, so pipelined
+        // requests share writes but nothing sits in the buffer while we wait.
+        if r.buffer().is_empty() {
+            w.flush().map_err(|e| format!("write failed: {e}"))?;
+        }
+        match r.read_exact(&mut header) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(format!("read failed: {e}")),
+        }
+        let h = RequestHeader::decode(&header).ok_or("bad magic: not an rmemfs client")?;
+        let len = h.len as usize;
+        let (status, payload): (u8, &[u8]) = match h.op {
+            OP_READ => {
+                if len > MAX_DATA_OP {
+                    let msg = format!("READ of {len} bytes exceeds {MAX_DATA_OP}");
+                    complete(&mut w, h.wr_id, STATUS_BAD_REQUEST, msg.as_bytes())?;
+                    continue;
+                }
+                buf.resize(len, 0);
+                match client_of(conn)
+                    .and_then(|c| s.target.read(c, h.addr, h.rkey, &mut buf[..len]))
+                {
+                    Ok(()) => (STATUS_OK, &buf[..len]),
+                    Err(e) => (access_status(e), &[]),
+                }
+            }
+            OP_WRITE => {
+                if len > MAX_DATA_OP {
+                    // The payload cannot be skipped safely: close.
+                    return Err(format!("WRITE of {len} bytes exceeds {MAX_DATA_OP}"));
+                }
+                buf.resize(len, 0);
+                r.read_exact(&mut buf[..len])
+                    .map_err(|e| format!("truncated WRITE payload: {e}"))?;
+                match client_of(conn).and_then(|c| s.target.write(c, h.addr, h.rkey, &buf[..len]))
+                {
+                    Ok(()) => (STATUS_OK, &[]),
+                    Err(e) => (access_status(e), &[]),
+                }
+            }
+            OP_SEND => {
+                if len > MAX_CONTROL_FRAME {
+                    return Err(format!(
+                        "control frame of {len} bytes exceeds {MAX_CONTROL_FRAME}"
+                    ));
+                }
+                buf.resize(len, 0);
+                r.read_exact(&mut buf[..len])
+                    .map_err(|e| format!("truncated control frame: {e}"))?;
+                let reply = s.control.handle(conn, &buf[..len]);
+                complete(&mut w, h.wr_id, STATUS_OK, &reply.frame)?;
+                if reply.close {
+                    let _ = w.flush();
+                    return Err("control handler closed the connection".into());
+                }
+                continue;
+            }
+            other => return Err(format!("unknown op {other}")),
+        };
+        complete(&mut w, h.wr_id, status, payload)?;
+    }
+}
+
+fn client_of(conn: &ConnectionState) -> Result<u64, AccessError> {
+    conn.client.ok_or(AccessError::NotAuthenticated)
+}
+
+fn complete(
+    w: &mut BufWriter<TcpStream>,
+    wr_id: u64,
+    status: u8,
+    payload: &[u8],
+) -> Result<(), String> {
+    let h = CompletionHeader {
+        wr_id,
+        status,
+        len: payload.len() as u32,
+    };
+    w.write_all(&h.encode())
+        .and_then(|_| w.write_all(payload))
+        .map_err(|e| format!("write failed: {e}"))
+}

@@ -1,0 +1,6 @@
+//! Shared by memnode and fsd: the control protocol, the fabric trait and its backends.
+
+pub mod control;
+pub mod fabric;
+pub mod protocol;
+pub mod size;
