@@ -2,7 +2,9 @@
 //! SEND/RECV.
 
 use crate::fabric::{Endpoint, FabricError};
-use crate::protocol::{Allocation, ErrorCode, NodeStats, ProtocolError, Request, Response};
+use crate::protocol::{
+    Allocation, ErrorCode, NodeStats, ProtocolError, Request, Response, MAX_TOKEN_LEN,
+};
 use thiserror::Error;
 
 /// Why a control call failed.
@@ -58,6 +60,10 @@ fn unexpected(request: &'static str, reply: Response) -> ControlError {
 }
 
 pub fn hello(ep: &dyn Endpoint, client_id: u64, token: &[u8]) -> Result<Welcome, ControlError> {
+    if token.len() > MAX_TOKEN_LEN {
+        // The frame cannot carry it; refuse rather than send a token cut short.
+        return Err(ControlError::Protocol(ProtocolError::BadField("token")));
+    }
     let req = Request::Hello {
         client_id,
         token: token.to_vec(),

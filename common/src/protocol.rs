@@ -451,7 +451,10 @@ mod tests {
         for resp in all_responses() {
             let f = resp.encode();
             for cut in 0..f.len() {
-                assert!(Response::decode(&f[..cut]).is_err(), "{resp:?} cut at {cut}");
+                assert!(
+                    Response::decode(&f[..cut]).is_err(),
+                    "{resp:?} cut at {cut}"
+                );
             }
         }
     }

@@ -19,6 +19,7 @@
 use std::time::Duration;
 use thiserror::Error;
 
+pub mod fault;
 pub mod tcp;
 
 /// A location in a memnode's memory: an address inside an allocation, and the rkey

@@ -14,7 +14,7 @@
 use super::wire::*;
 use crate::fabric::{AccessError, ConnectionState, ControlHandler, MemoryTarget, MAX_DATA_OP};
 use crate::protocol::MAX_CONTROL_FRAME;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,6 +22,10 @@ use std::thread::JoinHandle;
 
 /// Most connections served at once; more are refused so a flood cannot exhaust threads.
 pub const MAX_CONNECTIONS: usize = 1024;
+/// Once a frame has begun, the rest of it must arrive within this time, or the
+/// connection is closed: a client that sends half a frame and stalls cannot pin a
+/// thread forever. Between frames a connection may idle as long as it likes.
+pub const FRAME_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 struct Services {
     target: Arc<dyn MemoryTarget>,
@@ -31,6 +35,8 @@ struct Services {
     stopping: AtomicBool,
     /// Clones of live streams, so shutdown can close them.
     streams: Mutex<Vec<(u64, TcpStream)>>,
+    /// Connection threads, so shutdown can wait for their disconnect callbacks.
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 /// A listening tcp fabric server. Dropping it (or calling [`TcpServer::shutdown`])
@@ -57,6 +63,7 @@ impl TcpServer {
             next_conn_id: AtomicU64::new(1),
             stopping: AtomicBool::new(false),
             streams: Mutex::new(Vec::new()),
+            threads: Mutex::new(Vec::new()),
         });
         let s = services.clone();
         let acceptor = std::thread::Builder::new()
@@ -74,18 +81,31 @@ impl TcpServer {
         self.addr
     }
 
-    /// Stops accepting and closes every connection.
+    /// Stops accepting, closes every connection and waits until every connection's
+    /// disconnect callback has run.
     pub fn shutdown(&mut self) {
         if self.services.stopping.swap(true, Ordering::SeqCst) {
             return;
         }
-        // Wake the acceptor with a connection of our own.
-        let _ = TcpStream::connect(self.addr);
+        // Wake the acceptor with a connection of our own (to loopback when the
+        // listener is bound to every address).
+        let mut wake = self.addr;
+        if wake.ip().is_unspecified() {
+            wake.set_ip(match wake {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        let _ = TcpStream::connect(wake);
         if let Some(a) = self.acceptor.take() {
             let _ = a.join();
         }
         for (_, s) in lock(&self.services.streams).drain(..) {
             let _ = s.shutdown(Shutdown::Both);
+        }
+        let threads = std::mem::take(&mut *lock(&self.services.threads));
+        for t in threads {
+            let _ = t.join();
         }
     }
 }
@@ -108,7 +128,9 @@ fn accept_loop(listener: TcpListener, services: Arc<Services>) {
         let stream = match stream {
             Ok(s) => s,
             Err(e) => {
+                // Out of descriptors and the like: back off instead of spinning.
                 log::warn!("accept failed: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(50));
                 continue;
             }
         };
@@ -142,10 +164,17 @@ fn accept_loop(listener: TcpListener, services: Arc<Services>) {
                 lock(&s.streams).retain(|(id, _)| *id != conn_id);
                 s.live.fetch_sub(1, Ordering::SeqCst);
             });
-        if let Err(e) = spawned {
-            log::warn!("cannot spawn a connection thread: {e}");
-            services.live.fetch_sub(1, Ordering::SeqCst);
-            lock(&services.streams).retain(|(id, _)| *id != conn_id);
+        match spawned {
+            Ok(handle) => {
+                let mut threads = lock(&services.threads);
+                threads.retain(|t| !t.is_finished());
+                threads.push(handle);
+            }
+            Err(e) => {
+                log::warn!("cannot spawn a connection thread: {e}");
+                services.live.fetch_sub(1, Ordering::SeqCst);
+                lock(&services.streams).retain(|(id, _)| *id != conn_id);
+            }
         }
     }
 }
@@ -159,25 +188,86 @@ fn access_status(e: AccessError) -> u8 {
     }
 }
 
+/// Reads the parts of one frame, with [`FRAME_TIMEOUT`] armed on the socket only
+/// while a frame is incomplete (arming costs a syscall, so it happens only when the
+/// buffered bytes run out mid-frame).
+struct FrameReader {
+    r: BufReader<TcpStream>,
+    armed: bool,
+}
+
+impl FrameReader {
+    fn set_armed(&mut self, armed: bool) -> Result<(), String> {
+        if self.armed != armed {
+            let t = armed.then_some(FRAME_TIMEOUT);
+            self.r
+                .get_ref()
+                .set_read_timeout(t)
+                .map_err(|e| format!("setting the read timeout: {e}"))?;
+            self.armed = armed;
+        }
+        Ok(())
+    }
+
+    /// Waits, without a deadline, for the first byte of the next frame.
+    /// Ok(false) on a clean end of stream.
+    fn next_frame(&mut self) -> Result<bool, String> {
+        if self.r.buffer().is_empty() {
+            self.set_armed(false)?;
+        }
+        match self.r.fill_buf() {
+            Ok(b) => Ok(!b.is_empty()),
+            Err(e) => Err(format!("read failed: {e}")),
+        }
+    }
+
+    /// Reads and discards `len` bytes of a frame already begun, without buffering
+    /// them whole.
+    fn skip(&mut self, mut len: usize, what: &str) -> Result<(), String> {
+        let mut scratch = [0u8; 4096];
+        while len > 0 {
+            let n = len.min(scratch.len());
+            self.rest(&mut scratch[..n], what)?;
+            len -= n;
+        }
+        Ok(())
+    }
+
+    /// Reads bytes of a frame already begun; they must come within the deadline.
+    fn rest(&mut self, buf: &mut [u8], what: &str) -> Result<(), String> {
+        if self.r.buffer().len() < buf.len() {
+            self.set_armed(true)?;
+        }
+        self.r.read_exact(buf).map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                format!("{what} stalled for {FRAME_TIMEOUT:?}")
+            }
+            _ => format!("truncated {what}: {e}"),
+        })
+    }
+}
+
 /// Serves one connection until it closes (Ok) or misbehaves (Err with the reason).
 fn serve(stream: TcpStream, conn: &mut ConnectionState, s: &Services) -> Result<(), String> {
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
     let write_half = stream.try_clone().map_err(|e| e.to_string())?;
-    let mut r = BufReader::with_capacity(256 << 10, stream);
+    let mut r = FrameReader {
+        r: BufReader::with_capacity(256 << 10, stream),
+        armed: false,
+    };
     let mut w = BufWriter::with_capacity(256 << 10, write_half);
     let mut buf: Vec<u8> = Vec::new();
     let mut header = [0u8; REQUEST_HEADER_LEN];
     loop {
         // Send completions out before blocking for more requests, so pipelined
         // requests share writes but nothing sits in the buffer while we wait.
-        if r.buffer().is_empty() {
+        if r.r.buffer().is_empty() {
             w.flush().map_err(|e| format!("write failed: {e}"))?;
         }
-        match r.read_exact(&mut header) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(format!("read failed: {e}")),
+        if !r.next_frame()? {
+            return Ok(());
         }
+        r.rest(&mut header, "request header")?;
         let h = RequestHeader::decode(&header).ok_or("bad magic: not an rmemfs client")?;
         let len = h.len as usize;
         let (status, payload): (u8, &[u8]) = match h.op {
@@ -187,10 +277,11 @@ fn serve(stream: TcpStream, conn: &mut ConnectionState, s: &Services) -> Result<
                     complete(&mut w, h.wr_id, STATUS_BAD_REQUEST, msg.as_bytes())?;
                     continue;
                 }
-                buf.resize(len, 0);
-                match client_of(conn)
-                    .and_then(|c| s.target.read(c, h.addr, h.rkey, &mut buf[..len]))
-                {
+                // Nothing is allocated for a connection that has not said hello.
+                match client_of(conn).and_then(|c| {
+                    buf.resize(len, 0);
+                    s.target.read(c, h.addr, h.rkey, &mut buf[..len])
+                }) {
                     Ok(()) => (STATUS_OK, &buf[..len]),
                     Err(e) => (access_status(e), &[]),
                 }
@@ -200,13 +291,20 @@ fn serve(stream: TcpStream, conn: &mut ConnectionState, s: &Services) -> Result<
                     // The payload cannot be skipped safely: close.
                     return Err(format!("WRITE of {len} bytes exceeds {MAX_DATA_OP}"));
                 }
-                buf.resize(len, 0);
-                r.read_exact(&mut buf[..len])
-                    .map_err(|e| format!("truncated WRITE payload: {e}"))?;
-                match client_of(conn).and_then(|c| s.target.write(c, h.addr, h.rkey, &buf[..len]))
-                {
-                    Ok(()) => (STATUS_OK, &[]),
-                    Err(e) => (access_status(e), &[]),
+                match client_of(conn) {
+                    Ok(c) => {
+                        buf.resize(len, 0);
+                        r.rest(&mut buf[..len], "WRITE payload")?;
+                        match s.target.write(c, h.addr, h.rkey, &buf[..len]) {
+                            Ok(()) => (STATUS_OK, &[]),
+                            Err(e) => (access_status(e), &[]),
+                        }
+                    }
+                    Err(e) => {
+                        // Not said hello: drain the payload in small pieces, refuse.
+                        r.skip(len, "WRITE payload")?;
+                        (access_status(e), &[])
+                    }
                 }
             }
             OP_SEND => {
@@ -216,8 +314,7 @@ fn serve(stream: TcpStream, conn: &mut ConnectionState, s: &Services) -> Result<
                     ));
                 }
                 buf.resize(len, 0);
-                r.read_exact(&mut buf[..len])
-                    .map_err(|e| format!("truncated control frame: {e}"))?;
+                r.rest(&mut buf[..len], "control frame")?;
                 let reply = s.control.handle(conn, &buf[..len]);
                 complete(&mut w, h.wr_id, STATUS_OK, &reply.frame)?;
                 if reply.close {
