@@ -1,0 +1,281 @@
+//! Unit tables and a model-based proptest for [`ChunkAllocator`].
+
+use super::*;
+use proptest::prelude::*;
+
+const PAGE: u64 = 4096;
+const BASE: u64 = 0x7f00_0000_0000;
+
+fn books(pages: u64) -> ChunkAllocator {
+    ChunkAllocator::new(BASE, pages * PAGE, PAGE)
+}
+
+/// A key source that yields `keys` in order, then nothing.
+fn scripted(keys: Vec<u32>) -> KeySource {
+    let mut it = keys.into_iter();
+    Box::new(move || it.next())
+}
+
+fn ok(a: &ChunkAllocator) {
+    if let Err(e) = a.check_invariants() {
+        panic!("allocator invariant broken: {e}");
+    }
+}
+
+#[test]
+fn sizes_are_rounded_up_to_whole_pages() {
+    for (bytes, want) in [
+        (1, PAGE),
+        (PAGE - 1, PAGE),
+        (PAGE, PAGE),
+        (PAGE + 1, 2 * PAGE),
+    ] {
+        let mut a = books(8);
+        let c = a.alloc(1, bytes).expect("fits");
+        assert_eq!(c.len, want, "alloc({bytes}) should take {want} bytes");
+        assert_eq!(a.used(), want);
+        ok(&a);
+    }
+}
+
+#[test]
+fn degenerate_sizes_are_refused() {
+    let mut a = books(8);
+    assert_eq!(a.alloc(1, 0), Err(AllocError::ZeroSize));
+    for bytes in [8 * PAGE + 1, u64::MAX] {
+        assert_eq!(
+            a.alloc(1, bytes),
+            Err(AllocError::TooLarge {
+                bytes,
+                capacity: 8 * PAGE
+            }),
+            "alloc({bytes}) must be TooLarge"
+        );
+    }
+    assert_eq!(a.used(), 0, "failed allocations must not use memory");
+    ok(&a);
+}
+
+#[test]
+fn capacity_is_whole_pages_and_all_of_it_can_be_allocated() {
+    let mut a = ChunkAllocator::new(BASE, 8 * PAGE + 100, PAGE);
+    assert_eq!(a.capacity(), 8 * PAGE);
+    let c = a.alloc(1, 8 * PAGE).expect("the whole region fits");
+    assert_eq!((c.addr, c.len), (BASE, 8 * PAGE));
+    assert_eq!(
+        a.alloc(1, 1),
+        Err(AllocError::NoSpace {
+            need: PAGE,
+            free: 0
+        })
+    );
+    ok(&a);
+}
+
+#[test]
+fn first_fit_reuses_the_lowest_hole_that_fits() {
+    let mut a = books(16);
+    let x = a.alloc(1, PAGE).expect("fits");
+    let y = a.alloc(1, 2 * PAGE).expect("fits");
+    let z = a.alloc(1, PAGE).expect("fits");
+    assert_eq!(
+        (x.addr, y.addr, z.addr),
+        (BASE, BASE + PAGE, BASE + 3 * PAGE)
+    );
+    a.free(1, y.addr, y.rkey).expect("owner frees");
+    let big = a.alloc(1, 3 * PAGE).expect("fits after z");
+    assert_eq!(
+        big.addr,
+        BASE + 4 * PAGE,
+        "a 3-page chunk cannot use the 2-page hole"
+    );
+    let small = a.alloc(2, PAGE).expect("fits in the hole");
+    assert_eq!(
+        small.addr,
+        BASE + PAGE,
+        "a 1-page chunk takes the lowest hole"
+    );
+    ok(&a);
+}
+
+#[test]
+fn freeing_coalesces_with_both_neighbours() {
+    let mut a = books(4);
+    let c: Vec<Chunk> = (0..4).map(|_| a.alloc(7, PAGE).expect("fits")).collect();
+    for i in [0, 2, 1, 3] {
+        a.free(7, c[i].addr, c[i].rkey).expect("owner frees");
+        ok(&a);
+    }
+    assert_eq!(a.free_extents().collect::<Vec<_>>(), vec![(BASE, 4 * PAGE)]);
+    assert_eq!(a.used(), 0);
+    assert_eq!(a.count(), 0);
+}
+
+#[test]
+fn fragmented_free_space_is_no_space_for_a_larger_chunk() {
+    let mut a = books(4);
+    let c: Vec<Chunk> = (0..4).map(|_| a.alloc(1, PAGE).expect("fits")).collect();
+    a.free(1, c[0].addr, c[0].rkey).expect("frees");
+    a.free(1, c[2].addr, c[2].rkey).expect("frees");
+    assert_eq!(
+        a.alloc(1, 2 * PAGE),
+        Err(AllocError::NoSpace {
+            need: 2 * PAGE,
+            free: 2 * PAGE
+        }),
+        "two separate free pages cannot hold a two-page chunk"
+    );
+    ok(&a);
+}
+
+#[test]
+fn free_of_anything_but_the_owners_exact_chunk_is_not_found() {
+    let mut a = books(8);
+    let c = a.alloc(1, PAGE).expect("fits");
+    let cases = [
+        ("another owner", 2, c.addr, c.rkey),
+        ("another rkey", 1, c.addr, c.rkey.wrapping_add(1)),
+        ("an address inside", 1, c.addr + 8, c.rkey),
+        ("the next address", 1, c.addr + PAGE, c.rkey),
+    ];
+    for (what, owner, addr, rkey) in cases {
+        assert_eq!(
+            a.free(owner, addr, rkey),
+            Err(AllocError::NotFound { addr, rkey }),
+            "free with {what} must be NotFound"
+        );
+        assert_eq!(
+            a.get(c.rkey),
+            Some(&c),
+            "free with {what} must change nothing"
+        );
+    }
+    assert_eq!(a.free(1, c.addr, c.rkey), Ok(c));
+    assert_eq!(
+        a.free(1, c.addr, c.rkey),
+        Err(AllocError::NotFound {
+            addr: c.addr,
+            rkey: c.rkey
+        }),
+        "a double free must be NotFound"
+    );
+    ok(&a);
+}
+
+#[test]
+fn rkeys_skip_zero_and_keys_in_use() {
+    let mut a = ChunkAllocator::with_keys(BASE, 8 * PAGE, PAGE, scripted(vec![0, 5, 5, 0, 7]));
+    assert_eq!(
+        a.alloc(1, 1).expect("fits").rkey,
+        5,
+        "zero is never an rkey"
+    );
+    assert_eq!(
+        a.alloc(1, 1).expect("fits").rkey,
+        7,
+        "a live rkey is never reused"
+    );
+}
+
+#[test]
+fn no_randomness_fails_the_allocation_and_changes_nothing() {
+    let mut a = ChunkAllocator::with_keys(BASE, 8 * PAGE, PAGE, scripted(vec![]));
+    assert_eq!(a.alloc(1, PAGE), Err(AllocError::NoKey));
+    assert_eq!((a.used(), a.count()), (0, 0));
+    ok(&a);
+}
+
+#[test]
+fn used_rises_on_alloc_and_falls_on_free() {
+    let mut a = books(8);
+    let x = a.alloc(1, 3 * PAGE).expect("fits");
+    let y = a.alloc(2, 1).expect("fits");
+    assert_eq!(a.used(), 4 * PAGE);
+    a.free(1, x.addr, x.rkey).expect("frees");
+    assert_eq!(a.used(), PAGE);
+    a.free(2, y.addr, y.rkey).expect("frees");
+    assert_eq!(a.used(), 0);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc { owner: u64, bytes: u64 },
+    Free { pick: usize },
+    FreeAsStranger { pick: usize },
+}
+
+fn op(capacity: u64) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0u64..3, 0..=capacity + PAGE).prop_map(|(owner, bytes)| Op::Alloc { owner, bytes }),
+        1 => (0u64..3, 1..=4 * PAGE).prop_map(|(owner, bytes)| Op::Alloc { owner, bytes }),
+        2 => any::<usize>().prop_map(|pick| Op::Free { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::FreeAsStranger { pick }),
+    ]
+}
+
+/// The model: live chunks only. First fit is the lowest gap between them that fits.
+fn first_fit(live: &[Chunk], capacity: u64, need: u64) -> Option<u64> {
+    let mut sorted: Vec<&Chunk> = live.iter().collect();
+    sorted.sort_by_key(|c| c.addr);
+    let mut at = BASE;
+    for c in sorted {
+        if c.addr - at >= need {
+            return Some(at);
+        }
+        at = c.addr + c.len;
+    }
+    (BASE + capacity - at >= need).then_some(at)
+}
+
+proptest! {
+    #[test]
+    fn allocator_matches_a_first_fit_model(ops in proptest::collection::vec(op(32 * PAGE), 1..200)) {
+        let capacity = 32 * PAGE;
+        let mut a = books(32);
+        let mut live: Vec<Chunk> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Alloc { owner, bytes } => {
+                    let got = a.alloc(owner, bytes);
+                    let need = bytes.div_ceil(PAGE) * PAGE;
+                    if bytes == 0 {
+                        prop_assert_eq!(got, Err(AllocError::ZeroSize));
+                    } else if bytes > capacity {
+                        prop_assert_eq!(got, Err(AllocError::TooLarge { bytes, capacity }));
+                    } else {
+                        match first_fit(&live, capacity, need) {
+                            Some(addr) => {
+                                let c = got.expect("the model found room");
+                                prop_assert_eq!((c.owner, c.addr, c.len), (owner, addr, need));
+                                prop_assert!(c.rkey != 0);
+                                prop_assert!(live.iter().all(|l| l.rkey != c.rkey), "rkey reused");
+                                live.push(c);
+                            }
+                            None => prop_assert!(
+                                matches!(got, Err(AllocError::NoSpace { .. })),
+                                "expected NoSpace, got {:?}", got
+                            ),
+                        }
+                    }
+                }
+                Op::Free { pick } if !live.is_empty() => {
+                    let c = live.swap_remove(pick % live.len());
+                    prop_assert_eq!(a.free(c.owner, c.addr, c.rkey), Ok(c));
+                }
+                Op::FreeAsStranger { pick } if !live.is_empty() => {
+                    let c = live[pick % live.len()];
+                    prop_assert_eq!(
+                        a.free(c.owner + 100, c.addr, c.rkey),
+                        Err(AllocError::NotFound { addr: c.addr, rkey: c.rkey })
+                    );
+                }
+                Op::Free { .. } | Op::FreeAsStranger { .. } => {}
+            }
+            prop_assert_eq!(a.used(), live.iter().map(|c| c.len).sum::<u64>());
+            prop_assert_eq!(a.count(), live.len());
+            if let Err(e) = a.check_invariants() {
+                return Err(TestCaseError::fail(e));
+            }
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! Unit tests of the control service, fed frames directly (no sockets).
+
+use super::*;
+use crate::access::GrantTable;
+use crate::region::{system_page_size, Region};
+
+const TOKEN: &[u8] = b"s3cret";
+
+fn service(token: Option<&[u8]>) -> ControlService {
+    let region = Arc::new(Region::reserve(16 * system_page_size(), false).expect("reserve"));
+    let pool = Arc::new(ChunkPool::new(region, Arc::new(GrantTable::default())));
+    ControlService::new(pool, token.map(<[u8]>::to_vec), 0xfeed)
+}
+
+fn conn(id: u64) -> ConnectionState {
+    ConnectionState {
+        conn_id: id,
+        client: None,
+        peer: format!("test-peer-{id}"),
+    }
+}
+
+/// Sends `req` and decodes the reply; returns it with the close flag.
+fn ask(s: &ControlService, c: &mut ConnectionState, req: &Request) -> (Response, bool) {
+    send_raw(s, c, &req.encode())
+}
+
+fn send_raw(s: &ControlService, c: &mut ConnectionState, frame: &[u8]) -> (Response, bool) {
+    let r = s.handle(c, frame);
+    let resp = Response::decode(&r.frame).expect("the service always replies with a valid frame");
+    (resp, r.close)
+}
+
+fn hello(id: u64, token: &[u8]) -> Request {
+    Request::Hello {
+        client_id: id,
+        token: token.to_vec(),
+    }
+}
+
+fn code(resp: &Response) -> Option<ErrorCode> {
+    match resp {
+        Response::Error { code, .. } => Some(*code),
+        _ => None,
+    }
+}
+
+#[test]
+fn requests_before_hello_are_refused_and_close() {
+    let s = service(None);
+    for req in [
+        Request::Stat,
+        Request::Alloc { bytes: 1 },
+        Request::Free { addr: 0, rkey: 1 },
+    ] {
+        let mut c = conn(1);
+        let (resp, close) = ask(&s, &mut c, &req);
+        assert_eq!(
+            code(&resp),
+            Some(ErrorCode::NotAuthenticated),
+            "{req:?} before Hello"
+        );
+        assert!(close, "{req:?} before Hello must close the connection");
+        assert_eq!(c.client, None);
+    }
+}
+
+#[test]
+fn hello_is_checked_against_the_token() {
+    let s = service(Some(TOKEN));
+    for bad in [&b""[..], b"s3cre", b"s3cret!", b"S3cret"] {
+        let mut c = conn(1);
+        let (resp, close) = ask(&s, &mut c, &hello(5, bad));
+        assert_eq!(
+            code(&resp),
+            Some(ErrorCode::AuthFailed),
+            "token {bad:?} must fail"
+        );
+        assert!(close, "a failed Hello must close");
+        assert_eq!(c.client, None, "a failed Hello must not authenticate");
+    }
+    let mut c = conn(2);
+    let (resp, close) = ask(&s, &mut c, &hello(5, TOKEN));
+    assert_eq!(
+        resp,
+        Response::Welcome {
+            node_id: 0xfeed,
+            capacity: 16 * system_page_size()
+        }
+    );
+    assert!(!close);
+    assert_eq!(c.client, Some(5));
+    assert_eq!(s.stats().clients, 1);
+}
+
+#[test]
+fn without_a_token_any_hello_is_welcome() {
+    let s = service(None);
+    let mut c = conn(1);
+    let (resp, _) = ask(&s, &mut c, &hello(9, b"whatever"));
+    assert!(
+        matches!(resp, Response::Welcome { .. }),
+        "expected Welcome, got {resp:?}"
+    );
+}
+
+#[test]
+fn a_second_hello_is_a_bad_request() {
+    let s = service(None);
+    let mut c = conn(1);
+    ask(&s, &mut c, &hello(9, b""));
+    let (resp, close) = ask(&s, &mut c, &hello(10, b""));
+    assert_eq!(code(&resp), Some(ErrorCode::BadRequest));
+    assert!(!close);
+    assert_eq!(
+        c.client,
+        Some(9),
+        "a second Hello must not change the client"
+    );
+}
+
+#[test]
+fn undecodable_frames_get_an_error_and_close() {
+    let s = service(None);
+    let mut v2 = Request::Stat.encode();
+    v2[0..2].copy_from_slice(&2u16.to_le_bytes());
+    let mut trailing = Request::Stat.encode();
+    trailing.push(0);
+    let cases: [(&str, Vec<u8>, ErrorCode); 4] = [
+        ("protocol version 2", v2, ErrorCode::VersionMismatch),
+        ("an empty frame", vec![], ErrorCode::BadRequest),
+        // Version 1 so the garbage gets past the version check.
+        (
+            "garbage",
+            vec![1, 0, 0xbe, 0xef, 1, 0, 0, 0, 5],
+            ErrorCode::BadRequest,
+        ),
+        ("trailing bytes", trailing, ErrorCode::BadRequest),
+    ];
+    for (what, frame, want) in cases {
+        for authenticated in [false, true] {
+            let mut c = conn(1);
+            if authenticated {
+                ask(&s, &mut c, &hello(3, b""));
+            }
+            let (resp, close) = send_raw(&s, &mut c, &frame);
+            assert_eq!(code(&resp), Some(want), "{what}: expected {want:?}");
+            assert!(close, "{what} must close the connection");
+        }
+    }
+}
+
+#[test]
+fn alloc_free_and_stat_after_hello() {
+    let s = service(None);
+    let page = system_page_size();
+    let mut c = conn(1);
+    ask(&s, &mut c, &hello(3, b""));
+    let (resp, _) = ask(&s, &mut c, &Request::Alloc { bytes: page + 1 });
+    let Response::Allocated(a) = resp else {
+        panic!("expected Allocated, got {resp:?}")
+    };
+    assert_eq!(a.len, 2 * page, "the size is rounded up to pages");
+    let (resp, _) = ask(&s, &mut c, &Request::Stat);
+    assert_eq!(
+        resp,
+        Response::Stats(NodeStats {
+            capacity: 16 * page,
+            used: 2 * page,
+            clients: 1,
+            allocations: 1
+        })
+    );
+    let cases = [
+        (Request::Alloc { bytes: 0 }, ErrorCode::BadRequest),
+        (Request::Alloc { bytes: 15 * page }, ErrorCode::NoSpace),
+        (Request::Alloc { bytes: u64::MAX }, ErrorCode::NoSpace),
+        (
+            Request::Free {
+                addr: a.addr,
+                rkey: a.rkey ^ 1,
+            },
+            ErrorCode::NotFound,
+        ),
+        (
+            Request::Free {
+                addr: a.addr + 1,
+                rkey: a.rkey,
+            },
+            ErrorCode::NotFound,
+        ),
+    ];
+    for (req, want) in cases {
+        let (resp, close) = ask(&s, &mut c, &req);
+        assert_eq!(code(&resp), Some(want), "{req:?}: expected {want:?}");
+        assert!(!close, "{req:?} is a refusal, not a reason to close");
+    }
+    let (resp, _) = ask(
+        &s,
+        &mut c,
+        &Request::Free {
+            addr: a.addr,
+            rkey: a.rkey,
+        },
+    );
+    assert_eq!(resp, Response::Freed);
+    assert_eq!(s.stats().used, 0);
+}
+
+#[test]
+fn another_client_cannot_free_a_chunk() {
+    let s = service(None);
+    let (mut a, mut b) = (conn(1), conn(2));
+    ask(&s, &mut a, &hello(1, b""));
+    ask(&s, &mut b, &hello(2, b""));
+    let Response::Allocated(x) = ask(&s, &mut a, &Request::Alloc { bytes: 1 }).0 else {
+        panic!("expected Allocated")
+    };
+    let (resp, _) = ask(
+        &s,
+        &mut b,
+        &Request::Free {
+            addr: x.addr,
+            rkey: x.rkey,
+        },
+    );
+    assert_eq!(code(&resp), Some(ErrorCode::NotFound));
+    assert_eq!(s.stats().allocations, 1, "the owner's chunk must survive");
+}
+
+#[test]
+fn chunks_are_reclaimed_when_the_clients_last_connection_closes() {
+    let s = service(None);
+    let (mut a1, mut a2, mut b) = (conn(1), conn(2), conn(3));
+    ask(&s, &mut a1, &hello(1, b""));
+    ask(&s, &mut a2, &hello(1, b""));
+    ask(&s, &mut b, &hello(2, b""));
+    ask(&s, &mut a1, &Request::Alloc { bytes: 1 });
+    ask(&s, &mut a2, &Request::Alloc { bytes: 1 });
+    ask(&s, &mut b, &Request::Alloc { bytes: 1 });
+    assert_eq!((s.stats().clients, s.stats().allocations), (2, 3));
+    s.disconnected(&a1);
+    assert_eq!(s.stats().allocations, 3, "client 1 still has a connection");
+    s.disconnected(&a2);
+    let st = s.stats();
+    assert_eq!(
+        (st.clients, st.allocations),
+        (1, 1),
+        "client 1's chunks must be freed"
+    );
+    assert_eq!(st.used, system_page_size());
+    s.disconnected(&conn(4)); // never said hello: nothing to do
+    assert_eq!(s.stats().allocations, 1);
+}
+
+#[test]
+fn constant_time_eq_matches_plain_equality() {
+    for (a, b) in [
+        (&b""[..], &b""[..]),
+        (b"a", b""),
+        (b"abc", b"abc"),
+        (b"abc", b"abd"),
+        (b"ab", b"abc"),
+    ] {
+        assert_eq!(constant_time_eq(a, b), a == b, "{a:?} vs {b:?}");
+    }
+}

@@ -1,0 +1,94 @@
+//! The `memnode` command: lend this host's memory to rmemfs clients until SIGINT or
+//! SIGTERM.
+//!
+//! Stdout carries exactly one line, `memnode listening on <ADDR> capacity <BYTES>`,
+//! printed and flushed once the listener is bound (scripts and tests read the port
+//! from it when listening on port 0). Everything else goes to the log on stderr.
+
+use clap::Parser;
+use memnode::{Memnode, MemnodeConfig};
+use rmemfs_common::size::parse_size;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+use std::io::Write;
+use std::process::ExitCode;
+
+/// Lends a region of this host's memory to rmemfs clients (fsd).
+#[derive(Debug, Parser)]
+#[command(name = "memnode", version)]
+struct Cli {
+    /// Address to listen on (HOST:PORT; port 0 picks a free port).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:7070")]
+    listen: String,
+
+    /// Memory to lend, e.g. 512M, 4G (binary units; rounded down to whole pages).
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size_arg)]
+    size: u64,
+
+    /// Token every client must present in its Hello.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "RMEMFS_TOKEN",
+        hide_env_values = true
+    )]
+    token: Option<String>,
+
+    /// Back the region with 2 MiB huge pages (falls back to normal pages if none).
+    #[arg(long)]
+    huge_pages: bool,
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    match parse_size(s)? {
+        0 => Err("size must be greater than zero".into()),
+        n => Ok(n),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log::error!("{e:#}");
+            eprintln!("memnode: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    use anyhow::Context;
+    // Register before binding so a signal that arrives during startup is not lost.
+    let mut signals = Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
+    let mut node = Memnode::start(MemnodeConfig {
+        listen: cli.listen.clone(),
+        size: cli.size,
+        token: cli.token.map(String::into_bytes),
+        huge_pages: cli.huge_pages,
+    })
+    .with_context(|| format!("starting memnode on {}", cli.listen))?;
+    let capacity = node.stats().capacity;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "memnode listening on {} capacity {capacity}",
+        node.local_addr()
+    )
+    .and_then(|()| out.flush())
+    .context("writing the listening line to stdout")?;
+    drop(out);
+    let signal = signals.forever().next();
+    log::info!(
+        "{}: shutting down",
+        match signal {
+            Some(SIGINT) => "SIGINT",
+            Some(SIGTERM) => "SIGTERM",
+            _ => "signal handling stopped",
+        }
+    );
+    node.shutdown();
+    Ok(())
+}

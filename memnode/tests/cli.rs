@@ -1,0 +1,183 @@
+//! The `memnode` binary as scripts use it: the listening line on stdout, signals, and
+//! clear failures for bad arguments and a busy port.
+
+mod support;
+
+use rmemfs_common::control::{self, ControlError};
+use rmemfs_common::fabric::tcp::TcpEndpoint;
+use rmemfs_common::protocol::ErrorCode;
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::Instant;
+use support::TIMEOUT;
+
+fn memnode(args: &[&str], token_env: Option<&str>) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memnode"));
+    cmd.args(args)
+        .env("RUST_LOG", "info")
+        .env_remove("RMEMFS_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(t) = token_env {
+        cmd.env("RMEMFS_TOKEN", t);
+    }
+    cmd
+}
+
+/// A running memnode process, killed if the test fails before it exits.
+struct Running {
+    child: Child,
+    addr: String,
+    line: String,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the binary and waits (bounded) for its listening line.
+fn spawn(args: &[&str], token_env: Option<&str>) -> Running {
+    let mut child = memnode(args, token_env)
+        .spawn()
+        .expect("the memnode binary starts");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = match rx.recv_timeout(TIMEOUT) {
+        Ok(line) => line,
+        Err(_) => {
+            let _ = child.kill();
+            panic!("expected a listening line on stdout within {TIMEOUT:?}");
+        }
+    };
+    let addr = line
+        .split_whitespace()
+        .skip_while(|w| *w != "on")
+        .nth(1)
+        .unwrap_or_else(|| panic!("expected `memnode listening on <ADDR> ...`, got {line:?}"))
+        .to_string();
+    Running { child, addr, line }
+}
+
+fn wait_exit(child: &mut Child) -> ExitStatus {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "expected memnode to exit within {TIMEOUT:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+fn stderr_of(child: &mut Child) -> String {
+    let mut s = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut s);
+    }
+    s
+}
+
+#[test]
+fn prints_one_listening_line_serves_and_exits_cleanly_on_sigterm() {
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        let mut node = spawn(&["--listen", "127.0.0.1:0", "--size", "64M"], None);
+        assert!(
+            node.line.starts_with("memnode listening on ")
+                && node
+                    .line
+                    .trim_end()
+                    .ends_with(&format!("capacity {}", 64 << 20)),
+            "unexpected listening line {:?}",
+            node.line
+        );
+        let ep =
+            TcpEndpoint::connect(&node.addr, TIMEOUT).expect("connects to the printed address");
+        let welcome = control::hello(&ep, 1, b"").expect("Hello is welcome");
+        assert_eq!(
+            welcome.capacity,
+            64 << 20,
+            "capacity must be the --size given"
+        );
+        let pid = i32::try_from(node.child.id()).expect("pid fits in i32");
+        // SAFETY: sending a signal to our own child process.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill() must succeed");
+        let status = wait_exit(&mut node.child);
+        assert!(
+            status.success(),
+            "signal {signal}: expected exit 0, got {status}"
+        );
+    }
+}
+
+#[test]
+fn the_token_can_come_from_the_environment() {
+    let node = spawn(
+        &["--listen", "127.0.0.1:0", "--size", "4M"],
+        Some("from-env"),
+    );
+    let ep = TcpEndpoint::connect(&node.addr, TIMEOUT).expect("connects");
+    match control::hello(&ep, 1, b"wrong") {
+        Err(ControlError::Refused {
+            code: ErrorCode::AuthFailed,
+            ..
+        }) => {}
+        other => panic!("a wrong token: expected AuthFailed, got {other:?}"),
+    }
+    let ep = TcpEndpoint::connect(&node.addr, TIMEOUT).expect("connects");
+    control::hello(&ep, 1, b"from-env").expect("the token from RMEMFS_TOKEN is accepted");
+}
+
+#[test]
+fn a_bad_size_is_a_usage_error_with_exit_code_2() {
+    for size in ["lots", "12X", "0", "99999999999T"] {
+        let mut child = memnode(&["--size", size], None).spawn().expect("starts");
+        let status = wait_exit(&mut child);
+        let err = stderr_of(&mut child);
+        assert_eq!(
+            status.code(),
+            Some(2),
+            "--size {size}: expected exit 2, stderr: {err}"
+        );
+        assert!(
+            err.contains("--size"),
+            "--size {size}: the error must name the option: {err}"
+        );
+        assert!(
+            !err.contains("panicked"),
+            "--size {size}: must not panic: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_busy_port_fails_with_a_message_and_no_panic() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = busy.local_addr().expect("addr").to_string();
+    let mut child = memnode(&["--listen", &addr, "--size", "4M"], None)
+        .spawn()
+        .expect("starts");
+    let status = wait_exit(&mut child);
+    let err = stderr_of(&mut child);
+    assert!(
+        !status.success(),
+        "listening on a busy port must fail, got {status}"
+    );
+    assert!(
+        err.contains("cannot listen on"),
+        "expected a clear message, got: {err}"
+    );
+    assert!(!err.contains("panicked"), "must not panic: {err}");
+}
