@@ -1,0 +1,293 @@
+//! fsd as a process: command line, connecting to memnodes (or starting an embedded
+//! one), mounting, the periodic flusher, and clean shutdown on SIGINT/SIGTERM.
+
+use crate::fs::{Caller, RmemFs};
+use crate::fuse::FuseAdapter;
+use crate::remote::{Connector, RemoteConfig, RemoteStore};
+use anyhow::{bail, Context};
+use clap::Parser;
+use rmemfs_common::fabric::tcp::TcpEndpoint;
+use rmemfs_common::fabric::Endpoint;
+use rmemfs_common::size::{format_size, parse_size};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+fn size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s)
+}
+
+/// Mount the memory of remote memnodes as a POSIX filesystem.
+#[derive(Debug, Parser)]
+#[command(name = "fsd", version)]
+pub struct Options {
+    /// Where to mount (an existing directory).
+    pub mountpoint: PathBuf,
+    /// A memnode to use, HOST:PORT; repeat for several. Without any, fsd starts an
+    /// embedded memnode in-process.
+    #[arg(long = "memnode", value_name = "HOST:PORT")]
+    pub memnodes: Vec<String>,
+    /// Local page cache size (e.g. 256M).
+    #[arg(long, default_value = "256M", value_parser = size_arg)]
+    pub cache: u64,
+    /// File block size: the unit of caching and of remote I/O (power of two, 4K..16M).
+    #[arg(long, default_value = "64K", value_parser = size_arg)]
+    pub block_size: u64,
+    /// Remote memory fsd allocates per control round trip.
+    #[arg(long, default_value = "64M", value_parser = size_arg)]
+    pub chunk_size: u64,
+    /// Size of the embedded memnode (used when no --memnode is given).
+    #[arg(long, default_value = "1G", value_parser = size_arg)]
+    pub embedded_size: u64,
+    /// Token presented to memnodes (also from RMEMFS_TOKEN).
+    #[arg(long, env = "RMEMFS_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Seconds a remote operation may take before it fails with EIO.
+    #[arg(long, default_value_t = 5.0)]
+    pub op_timeout: f64,
+    /// FUSE request loops running at once.
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+    /// Data connections per memnode.
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// Seconds between write-backs of all dirty pages.
+    #[arg(long, default_value_t = 5.0)]
+    pub flush_interval: f64,
+}
+
+impl Options {
+    fn validate(&self) -> anyhow::Result<()> {
+        let bs = self.block_size;
+        if !bs.is_power_of_two() || !(4096..=16 << 20).contains(&bs) {
+            bail!("--block-size must be a power of two from 4K to 16M, got {bs}");
+        }
+        if self.cache < 2 * bs {
+            bail!("--cache must hold at least two blocks ({})", 2 * bs);
+        }
+        if self.chunk_size < bs {
+            bail!("--chunk-size must be at least one block");
+        }
+        if !(self.op_timeout > 0.0 && self.op_timeout <= 3600.0) {
+            bail!("--op-timeout must be between 0 and 3600 seconds");
+        }
+        if !(self.flush_interval > 0.0 && self.flush_interval <= 3600.0) {
+            bail!("--flush-interval must be between 0 and 3600 seconds");
+        }
+        if !(1..=64).contains(&self.threads) || !(1..=64).contains(&self.connections) {
+            bail!("--threads and --connections must be between 1 and 64");
+        }
+        let token_len = self.token.as_ref().map_or(0, |t| t.len());
+        if token_len > rmemfs_common::protocol::MAX_TOKEN_LEN {
+            bail!(
+                "--token is {token_len} bytes; at most {} are allowed",
+                rmemfs_common::protocol::MAX_TOKEN_LEN
+            );
+        }
+        if !self.mountpoint.is_dir() {
+            bail!(
+                "mountpoint {} is not a directory",
+                self.mountpoint.display()
+            );
+        }
+        Ok(())
+    }
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // Without randomness fall back to time and pid: a client id only needs to differ
+    // between clients of one memnode.
+    if getrandom::fill(&mut b).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        return t ^ ((std::process::id() as u64) << 32);
+    }
+    u64::from_le_bytes(b)
+}
+
+/// Blocks SIGINT and SIGTERM and returns a flag set when one arrives (and a way to
+/// wait for it).
+struct StopSignal {
+    stopped: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl StopSignal {
+    fn stop(&self) {
+        *self.stopped.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.cv.notify_all();
+    }
+
+    /// Waits up to `d`; true once stopped.
+    fn wait(&self, d: Duration) -> bool {
+        let g = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
+        if *g {
+            return true;
+        }
+        let (g, _) = self
+            .cv
+            .wait_timeout(g, d)
+            .unwrap_or_else(|e| e.into_inner());
+        *g
+    }
+}
+
+/// Detaches the mount when fuser's own unmount fails (e.g. busy): the kernel lets
+/// go of it once the last user does, and the session ends now.
+fn lazy_unmount(mountpoint: &Path) {
+    let status = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg("-z")
+        .arg(mountpoint)
+        .status();
+    if !matches!(status, Ok(s) if s.success()) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(mountpoint)
+            .status();
+    }
+}
+
+/// Runs fsd until it is unmounted or signalled.
+pub fn run(opts: Options) -> anyhow::Result<()> {
+    opts.validate()?;
+    let timeout = Duration::from_secs_f64(opts.op_timeout);
+    let mut token = opts.token.clone().unwrap_or_default().into_bytes();
+    let mut memnodes = opts.memnodes.clone();
+    let _embedded = if memnodes.is_empty() {
+        // A private token so no other local process can use the embedded memnode.
+        token = format!("{:016x}{:016x}", random_u64(), random_u64()).into_bytes();
+        let node = memnode::Memnode::start(memnode::MemnodeConfig {
+            listen: "127.0.0.1:0".into(),
+            size: opts.embedded_size,
+            token: Some(token.clone()),
+            huge_pages: false,
+        })
+        .context("starting the embedded memnode")?;
+        log::info!(
+            "no --memnode given: embedded memnode of {} on {}",
+            format_size(opts.embedded_size),
+            node.local_addr()
+        );
+        memnodes.push(node.local_addr().to_string());
+        Some(node)
+    } else {
+        None
+    };
+    let connector: Box<Connector> = Box::new(move |peer: &str| {
+        TcpEndpoint::connect(peer, timeout).map(|e| Box::new(e) as Box<dyn Endpoint>)
+    });
+    let remote = RemoteStore::connect(
+        &memnodes,
+        &RemoteConfig {
+            block_size: opts.block_size,
+            chunk_size: opts.chunk_size,
+            connections: opts.connections,
+            client_id: random_u64(),
+            token,
+        },
+        connector.as_ref(),
+    )
+    .context("connecting to memnodes")?;
+    // SAFETY: geteuid/getegid have no preconditions and cannot fail.
+    let owner = unsafe {
+        Caller {
+            uid: libc::geteuid(),
+            gid: libc::getegid(),
+        }
+    };
+    let fs = Arc::new(RmemFs::new(Arc::new(remote), opts.cache, owner));
+    log::info!(
+        "cache {} in {} blocks of {}",
+        format_size(opts.cache),
+        fs.cache().capacity_pages(),
+        format_size(opts.block_size)
+    );
+
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::FSName("rmemfs".into()),
+        fuser::MountOption::Subtype("rmemfs".into()),
+        fuser::MountOption::DefaultPermissions,
+    ];
+    if owner.uid == 0 {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(opts.threads);
+    config.clone_fd = true;
+
+    let mut session = fuser::Session::new(FuseAdapter::new(fs.clone()), &opts.mountpoint, &config)
+        .with_context(|| format!("mounting on {}", opts.mountpoint.display()))?;
+    let mut unmounter = session.unmount_callable();
+    println!("fsd mounted {}", opts.mountpoint.display());
+    let _ = std::io::stdout().flush();
+
+    let stop = Arc::new(StopSignal {
+        stopped: Mutex::new(false),
+        cv: Condvar::new(),
+    });
+    let session_over = Arc::new(AtomicBool::new(false));
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .context("installing signal handlers")?;
+    let signal_handle = signals.handle();
+    let mountpoint = opts.mountpoint.clone();
+    let signal_thread = {
+        let session_over = session_over.clone();
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            let mut signals = signals.forever();
+            let Some(sig) = signals.next() else { return };
+            if session_over.load(Ordering::SeqCst) {
+                return;
+            }
+            log::info!("signal {sig}: unmounting {}", mountpoint.display());
+            if let Err(e) = unmounter.unmount() {
+                // Busy: detach now; the session ends when the last open file closes.
+                log::warn!(
+                    "unmount failed ({e}); detached lazily, serving open files until \
+                     they close (signal again to exit now)"
+                );
+                lazy_unmount(&mountpoint);
+            }
+            // A second signal: write back what can be and exit; files still open on
+            // the detached mount then fail with ENOTCONN.
+            if signals.next().is_some() && !session_over.load(Ordering::SeqCst) {
+                log::warn!("second signal: writing back and exiting");
+                fs.shutdown();
+                std::process::exit(0);
+            }
+        })
+    };
+    let flusher = {
+        let fs = fs.clone();
+        let stop = stop.clone();
+        let every = Duration::from_secs_f64(opts.flush_interval);
+        std::thread::spawn(move || {
+            while !stop.wait(every) {
+                if let Err(e) = fs.flush_all() {
+                    log::error!("periodic write-back failed: {e}");
+                }
+            }
+        })
+    };
+
+    let result = session.run();
+    session_over.store(true, Ordering::SeqCst);
+    stop.stop();
+    signal_handle.close();
+    let _ = flusher.join();
+    let _ = signal_thread.join();
+    // destroy() ran if the kernel said goodbye; shutting down twice is harmless.
+    fs.shutdown();
+    result.context("FUSE session")?;
+    log::info!("unmounted {}", opts.mountpoint.display());
+    Ok(())
+}

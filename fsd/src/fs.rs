@@ -1,0 +1,625 @@
+//! The filesystem core: POSIX operations over the namespace, the page cache and
+//! remote memory. Knows nothing of FUSE (see `fuse.rs` for the adapter), so it is
+//! tested directly.
+//!
+//! Data path invariants:
+//! - A block gets its remote location when it is first written, before the write is
+//!   acknowledged; so full remote memory fails the write with ENOSPC, and write-back
+//!   (on eviction, fsync, flush or the periodic flusher) never needs to allocate.
+//! - A block that is in the block map holds, in remote memory or in a dirty page, the
+//!   bytes of the file; bytes past end-of-file inside the last block are zero.
+//! - A block freed (truncate, delete) is first dropped from the cache, waiting for any
+//!   write-back of it in flight, then given back: no stale page can ever write into a
+//!   block that has been reused.
+
+use crate::cache::{Backing, Fill, PageCache, PageKey};
+use crate::error::{FsError, FsResult};
+use crate::inode::{Attr, FileKind, Ino, Inode};
+use crate::namespace::{DirEntry, Namespace, NewInode, RenameMode};
+use crate::remote::{BlockIo, BlockLoc, RemoteStore};
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// Largest file size: a bound that keeps block-index arithmetic far from overflow.
+pub const MAX_FILE_SIZE: u64 = 1 << 52;
+
+/// Who is asking (from the FUSE request).
+#[derive(Debug, Clone, Copy)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// A time to set: a given instant, or "now".
+#[derive(Debug, Clone, Copy)]
+pub enum SetTime {
+    At(SystemTime),
+    Now,
+}
+
+/// Attribute changes requested by setattr; `None` leaves a field alone.
+#[derive(Debug, Clone, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+}
+
+/// Filesystem-wide figures for statfs.
+#[derive(Debug, Clone, Copy)]
+pub struct FsStats {
+    pub block_size: u64,
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    pub inodes: u64,
+}
+
+pub struct RmemFs {
+    ns: Namespace,
+    cache: PageCache,
+    remote: Arc<RemoteStore>,
+    block_size: u64,
+    /// Blocks read ahead of a sequential reader.
+    readahead_blocks: u64,
+}
+
+impl RmemFs {
+    pub fn new(remote: Arc<RemoteStore>, cache_bytes: u64, owner: Caller) -> RmemFs {
+        let block_size = remote.block_size();
+        let cache = PageCache::new(cache_bytes, block_size as usize);
+        let readahead_blocks =
+            ((1u64 << 20) / block_size).clamp(1, cache.capacity_pages() as u64 / 4 + 1);
+        RmemFs {
+            ns: Namespace::new(owner.uid, owner.gid),
+            cache,
+            remote,
+            block_size,
+            readahead_blocks,
+        }
+    }
+
+    pub fn cache(&self) -> &PageCache {
+        &self.cache
+    }
+
+    pub fn remote(&self) -> &RemoteStore {
+        &self.remote
+    }
+
+    fn attr_of(&self, inode: &Inode) -> Attr {
+        let m = inode.meta();
+        let mut a = m.attr.clone();
+        a.allocated = m.blocks.len() as u64 * self.block_size;
+        a
+    }
+
+    pub fn lookup(&self, parent: Ino, name: &OsStr) -> FsResult<Attr> {
+        let inode = self.ns.lookup(parent, name)?;
+        Ok(self.attr_of(&inode))
+    }
+
+    pub fn forget(&self, ino: Ino, n: u64) {
+        if let Some(inode) = self.ns.forget(ino, n) {
+            self.release_data_if_unreferenced(&inode);
+        }
+    }
+
+    pub fn getattr(&self, ino: Ino) -> FsResult<Attr> {
+        let inode = self.ns.get(ino)?;
+        Ok(self.attr_of(&inode))
+    }
+
+    pub fn setattr(&self, ino: Ino, req: &SetAttr) -> FsResult<Attr> {
+        let inode = self.ns.get(ino)?;
+        if let Some(size) = req.size {
+            self.truncate(&inode, size)?;
+        }
+        let mut m = inode.meta();
+        let now = SystemTime::now();
+        let resolve = |t: SetTime| match t {
+            SetTime::At(t) => t,
+            SetTime::Now => now,
+        };
+        if let Some(mode) = req.mode {
+            m.attr.perm = (mode & 0o7777) as u16;
+        }
+        if let Some(uid) = req.uid {
+            m.attr.uid = uid;
+        }
+        if let Some(gid) = req.gid {
+            m.attr.gid = gid;
+        }
+        if let Some(t) = req.atime {
+            m.attr.atime = resolve(t);
+        }
+        if let Some(t) = req.mtime {
+            m.attr.mtime = resolve(t);
+        }
+        m.attr.ctime = now;
+        drop(m);
+        Ok(self.attr_of(&inode))
+    }
+
+    /// Creates an inode of `kind` with `mode` (umask already applied).
+    fn new_inode(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        (kind, mode, rdev): (FileKind, u32, u32),
+        target: Option<PathBuf>,
+        caller: Caller,
+    ) -> FsResult<Attr> {
+        let p = self.ns.get(parent)?;
+        let (parent_gid, parent_sgid) = {
+            let m = p.meta();
+            (m.attr.gid, m.attr.perm & 0o2000 != 0)
+        };
+        // BSD group semantics under a setgid directory; subdirectories inherit setgid.
+        let gid = if parent_sgid { parent_gid } else { caller.gid };
+        let mut perm = (mode & 0o7777) as u16;
+        if parent_sgid && kind == FileKind::Dir {
+            perm |= 0o2000;
+        }
+        let inode = self.ns.create(
+            parent,
+            name,
+            NewInode {
+                kind,
+                perm,
+                uid: caller.uid,
+                gid,
+                rdev,
+                target,
+            },
+        )?;
+        Ok(self.attr_of(&inode))
+    }
+
+    pub fn mknod(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        kind: FileKind,
+        mode: u32,
+        rdev: u32,
+        caller: Caller,
+    ) -> FsResult<Attr> {
+        if kind == FileKind::Dir || kind == FileKind::Symlink {
+            return Err(FsError::Invalid);
+        }
+        self.new_inode(parent, name, (kind, mode, rdev), None, caller)
+    }
+
+    pub fn mkdir(&self, parent: Ino, name: &OsStr, mode: u32, caller: Caller) -> FsResult<Attr> {
+        self.new_inode(parent, name, (FileKind::Dir, mode, 0), None, caller)
+    }
+
+    pub fn symlink(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        target: &Path,
+        caller: Caller,
+    ) -> FsResult<Attr> {
+        if target.as_os_str().len() > 4095 {
+            return Err(FsError::NameTooLong);
+        }
+        let t = Some(target.to_path_buf());
+        self.new_inode(parent, name, (FileKind::Symlink, 0o777, 0), t, caller)
+    }
+
+    /// Creates and opens a regular file.
+    pub fn create(&self, parent: Ino, name: &OsStr, mode: u32, caller: Caller) -> FsResult<Attr> {
+        let attr = self.new_inode(parent, name, (FileKind::File, mode, 0), None, caller)?;
+        self.ns.get(attr.ino)?.meta().opens += 1;
+        Ok(attr)
+    }
+
+    pub fn readlink(&self, ino: Ino) -> FsResult<PathBuf> {
+        self.ns
+            .get(ino)?
+            .meta()
+            .target
+            .clone()
+            .ok_or(FsError::Invalid)
+    }
+
+    pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &OsStr) -> FsResult<Attr> {
+        let inode = self.ns.link(ino, new_parent, new_name)?;
+        Ok(self.attr_of(&inode))
+    }
+
+    pub fn unlink(&self, parent: Ino, name: &OsStr) -> FsResult<()> {
+        let inode = self.ns.unlink(parent, name)?;
+        self.release_data_if_unreferenced(&inode);
+        Ok(())
+    }
+
+    pub fn rmdir(&self, parent: Ino, name: &OsStr) -> FsResult<()> {
+        self.ns.rmdir(parent, name).map(|_| ())
+    }
+
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        new_parent: Ino,
+        new_name: &OsStr,
+        mode: RenameMode,
+    ) -> FsResult<()> {
+        if let Some(replaced) = self.ns.rename(parent, name, new_parent, new_name, mode)? {
+            self.release_data_if_unreferenced(&replaced);
+        }
+        Ok(())
+    }
+
+    pub fn readdir(&self, ino: Ino, offset: u64, max: usize) -> FsResult<Vec<DirEntry>> {
+        self.ns.readdir(ino, offset, max)
+    }
+
+    pub fn open(&self, ino: Ino) -> FsResult<Attr> {
+        let inode = self.ns.get(ino)?;
+        inode.meta().opens += 1;
+        Ok(self.attr_of(&inode))
+    }
+
+    /// Closes a handle: the file's data goes back once nothing refers to it.
+    pub fn release(&self, ino: Ino) -> FsResult<()> {
+        let inode = self.ns.get(ino)?;
+        {
+            let mut m = inode.meta();
+            m.opens = m.opens.saturating_sub(1);
+        }
+        self.release_data_if_unreferenced(&inode);
+        Ok(())
+    }
+
+    /// Gives a deleted file's blocks back once no name and no handle refer to it.
+    fn release_data_if_unreferenced(&self, inode: &Inode) {
+        {
+            let m = inode.meta();
+            if !m.is_unreferenced() || m.released || m.attr.kind != FileKind::File {
+                return;
+            }
+        }
+        let _io = inode.io_exclusive();
+        let blocks = {
+            let mut m = inode.meta();
+            if m.released || !m.is_unreferenced() {
+                return;
+            }
+            m.released = true;
+            std::mem::take(&mut m.blocks)
+        };
+        // Drop cached pages first (waiting out any write-back in flight), then free.
+        self.cache.invalidate(inode.ino, 0);
+        self.remote.free_blocks(blocks.into_values());
+    }
+
+    fn truncate(&self, inode: &Inode, size: u64) -> FsResult<()> {
+        if size > MAX_FILE_SIZE {
+            return Err(FsError::TooLarge);
+        }
+        let _io = inode.io_exclusive();
+        let old = {
+            let m = inode.meta();
+            match m.attr.kind {
+                FileKind::File => {}
+                FileKind::Dir => return Err(FsError::IsDir),
+                _ => return Err(FsError::Invalid),
+            }
+            m.attr.size
+        };
+        if size < old {
+            let bs = self.block_size;
+            let first_gone = size.div_ceil(bs);
+            self.cache.invalidate(inode.ino, first_gone);
+            let tail = size % bs;
+            let last = size / bs;
+            let last_exists = inode.meta().blocks.contains_key(&last);
+            if tail != 0 && last_exists {
+                // Keep "bytes past EOF in the last block are zero" true.
+                self.cache.access(
+                    self,
+                    inode.ino,
+                    last..last + 1,
+                    |_| Fill::Load,
+                    |_, buf, dirty| {
+                        buf[tail as usize..].fill(0);
+                        *dirty = true;
+                        Ok(())
+                    },
+                )?;
+            }
+            let freed = inode.meta().blocks.split_off(&first_gone);
+            self.remote.free_blocks(freed.into_values());
+        }
+        let mut m = inode.meta();
+        m.attr.size = size;
+        m.touch_mtime();
+        Ok(())
+    }
+
+    fn file_inode(&self, ino: Ino) -> FsResult<Arc<Inode>> {
+        let inode = self.ns.get(ino)?;
+        let kind = inode.meta().attr.kind;
+        match kind {
+            FileKind::File => Ok(inode),
+            FileKind::Dir => Err(FsError::IsDir),
+            _ => Err(FsError::Invalid),
+        }
+    }
+
+    pub fn read(&self, ino: Ino, offset: u64, len: u32) -> FsResult<Vec<u8>> {
+        let inode = self.file_inode(ino)?;
+        let _io = inode.io_shared();
+        let size = inode.meta().attr.size;
+        if offset >= size || len == 0 {
+            return Ok(Vec::new());
+        }
+        let end = size.min(offset.saturating_add(len as u64));
+        let bs = self.block_size;
+        let first = offset / bs;
+        let last = (end - 1) / bs;
+        // Sequential reader: load the following blocks in the same batch.
+        let sequential = inode.next_read.swap(end, Ordering::Relaxed) == offset && offset > 0;
+        let last_block_of_file = (size - 1) / bs;
+        let load_end = if sequential {
+            (last + 1 + self.readahead_blocks).min(last_block_of_file + 1)
+        } else {
+            last + 1
+        };
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        self.cache.access(
+            self,
+            ino,
+            first..load_end,
+            |i| self.fill_for_read(&inode, i),
+            |i, buf, _| {
+                if i <= last {
+                    let block_start = i * bs;
+                    let from = offset.max(block_start) - block_start;
+                    let to = end.min(block_start + bs) - block_start;
+                    out.extend_from_slice(&buf[from as usize..to as usize]);
+                }
+                Ok(())
+            },
+        )?;
+        Ok(out)
+    }
+
+    fn fill_for_read(&self, inode: &Inode, idx: u64) -> Fill {
+        if inode.meta().blocks.contains_key(&idx) {
+            Fill::Load
+        } else {
+            Fill::Zero
+        }
+    }
+
+    pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> FsResult<u32> {
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|&e| e <= MAX_FILE_SIZE)
+            .ok_or(FsError::TooLarge)?;
+        let inode = self.file_inode(ino)?;
+        let _io = inode.io_shared();
+        let bs = self.block_size;
+        let first = offset / bs;
+        let last = (end - 1) / bs;
+        let fresh = self.allocate_blocks(&inode, first..last + 1)?;
+        self.cache.access(
+            self,
+            ino,
+            first..last + 1,
+            |i| {
+                let block_start = i * bs;
+                if offset <= block_start && end >= block_start + bs {
+                    Fill::Overwrite
+                } else if fresh.contains(&i) {
+                    Fill::Zero
+                } else {
+                    Fill::Load
+                }
+            },
+            |i, buf, dirty| {
+                let block_start = i * bs;
+                let from = offset.max(block_start);
+                let to = end.min(block_start + bs);
+                let src = &data[(from - offset) as usize..(to - offset) as usize];
+                buf[(from - block_start) as usize..(to - block_start) as usize]
+                    .copy_from_slice(src);
+                *dirty = true;
+                Ok(())
+            },
+        )?;
+        let mut m = inode.meta();
+        if end > m.attr.size {
+            m.attr.size = end;
+        }
+        m.touch_mtime();
+        Ok(data.len() as u32)
+    }
+
+    /// Gives every block in `range` that has none a remote location. On failure the
+    /// blocks allocated by this call are given back, so nothing half-made remains.
+    /// Returns the blocks that are new (their remote content is undefined).
+    fn allocate_blocks(&self, inode: &Inode, range: std::ops::Range<u64>) -> FsResult<Vec<u64>> {
+        let mut m = inode.meta();
+        let mut fresh = Vec::new();
+        for i in range {
+            if m.blocks.contains_key(&i) {
+                continue;
+            }
+            match self.remote.alloc_block() {
+                Ok(loc) => {
+                    m.blocks.insert(i, loc);
+                    fresh.push(i);
+                }
+                Err(e) => {
+                    let undo: Vec<BlockLoc> =
+                        fresh.iter().filter_map(|i| m.blocks.remove(i)).collect();
+                    drop(m);
+                    self.remote.free_blocks(undo);
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(fresh)
+    }
+
+    /// Writes back the file's dirty pages and reports any write-back failure since the
+    /// last report (fsync, flush on close).
+    pub fn fsync(&self, ino: Ino) -> FsResult<()> {
+        let inode = self.ns.get(ino)?;
+        if inode.meta().attr.kind != FileKind::File {
+            return Ok(());
+        }
+        let _io = inode.io_shared();
+        let flushed = self.cache.flush_inode(self, ino);
+        if let Some(e) = inode.meta().write_error.take() {
+            return Err(e);
+        }
+        flushed
+    }
+
+    /// Writes back everything (periodic flusher, unmount).
+    pub fn flush_all(&self) -> FsResult<()> {
+        self.cache.flush_all(self)
+    }
+
+    pub fn statfs(&self) -> FsStats {
+        let (total, free) = self.remote.space();
+        FsStats {
+            block_size: self.block_size,
+            total_bytes: total,
+            free_bytes: free,
+            inodes: self.ns.inode_count(),
+        }
+    }
+
+    pub fn setxattr(&self, ino: Ino, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
+        let inode = self.ns.get(ino)?;
+        let mut m = inode.meta();
+        let exists = m.xattrs.contains_key(name);
+        if flags & libc::XATTR_CREATE != 0 && exists {
+            return Err(FsError::Exists);
+        }
+        if flags & libc::XATTR_REPLACE != 0 && !exists {
+            return Err(FsError::NoAttribute);
+        }
+        m.xattrs.insert(name.to_os_string(), value.to_vec());
+        m.touch_ctime();
+        Ok(())
+    }
+
+    pub fn getxattr(&self, ino: Ino, name: &OsStr) -> FsResult<Vec<u8>> {
+        let inode = self.ns.get(ino)?;
+        let m = inode.meta();
+        m.xattrs.get(name).cloned().ok_or(FsError::NoAttribute)
+    }
+
+    /// Attribute names, each followed by a NUL, as listxattr returns them.
+    pub fn listxattr(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        let inode = self.ns.get(ino)?;
+        let m = inode.meta();
+        let mut out = Vec::new();
+        for name in m.xattrs.keys() {
+            out.extend_from_slice(name.as_encoded_bytes());
+            out.push(0);
+        }
+        Ok(out)
+    }
+
+    pub fn removexattr(&self, ino: Ino, name: &OsStr) -> FsResult<()> {
+        let inode = self.ns.get(ino)?;
+        let mut m = inode.meta();
+        m.xattrs.remove(name).ok_or(FsError::NoAttribute)?;
+        m.touch_ctime();
+        Ok(())
+    }
+
+    /// Flushes everything and gives all remote memory back (unmount).
+    pub fn shutdown(&self) {
+        if let Err(e) = self.flush_all() {
+            log::error!("flush at unmount failed: {e}");
+        }
+        self.remote.release_all();
+    }
+
+    fn record_write_error(&self, key: PageKey, e: &FsError) {
+        if let Ok(inode) = self.ns.get(key.0) {
+            let mut m = inode.meta();
+            if m.write_error.is_none() {
+                m.write_error = Some(e.clone());
+            }
+        }
+    }
+}
+
+impl Backing for RmemFs {
+    fn load(&self, pages: &mut [(PageKey, &mut [u8])]) -> Vec<Result<(), FsError>> {
+        let locs: Vec<Option<BlockLoc>> = pages
+            .iter()
+            .map(|((ino, idx), _)| {
+                self.ns
+                    .get(*ino)
+                    .ok()
+                    .and_then(|i| i.meta().blocks.get(idx).copied())
+            })
+            .collect();
+        let mut results: Vec<Result<(), FsError>> = pages.iter().map(|_| Ok(())).collect();
+        let mut ios = Vec::new();
+        let mut which = Vec::new();
+        for (n, ((_, buf), loc)) in pages.iter_mut().zip(&locs).enumerate() {
+            match loc {
+                Some(l) => {
+                    ios.push(BlockIo::Read(*l, &mut buf[..]));
+                    which.push(n);
+                }
+                None => buf.fill(0), // a hole
+            }
+        }
+        for (n, r) in which.into_iter().zip(self.remote.execute(&mut ios)) {
+            results[n] = r.map_err(FsError::from);
+        }
+        results
+    }
+
+    fn store(&self, pages: &[(PageKey, &[u8])]) -> Vec<Result<(), FsError>> {
+        let mut ios = Vec::new();
+        let mut which = Vec::new();
+        for (n, ((ino, idx), buf)) in pages.iter().enumerate() {
+            let loc = self
+                .ns
+                .get(*ino)
+                .ok()
+                .and_then(|i| i.meta().blocks.get(idx).copied());
+            // No location: the block was truncated away or the file deleted meanwhile.
+            if let Some(l) = loc {
+                ios.push(BlockIo::Write(l, buf));
+                which.push(n);
+            }
+        }
+        let mut results: Vec<Result<(), FsError>> = pages.iter().map(|_| Ok(())).collect();
+        for (n, r) in which.into_iter().zip(self.remote.execute(&mut ios)) {
+            if let Err(e) = r {
+                let e = FsError::from(e);
+                self.record_write_error(pages[n].0, &e);
+                results[n] = Err(e);
+            }
+        }
+        results
+    }
+}
+
+#[cfg(test)]
+mod tests;

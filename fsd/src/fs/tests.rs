@@ -1,0 +1,228 @@
+//! Core tests over a real in-process memnode and the tcp fabric (no FUSE mount).
+
+use super::*;
+use crate::inode::ROOT_INO;
+use crate::remote::RemoteConfig;
+use rmemfs_common::fabric::fault::{Faults, FaultyEndpoint};
+use rmemfs_common::fabric::tcp::TcpEndpoint;
+use rmemfs_common::fabric::Endpoint;
+use std::time::{Duration, Instant};
+
+const BS: u64 = 4096;
+const ME: Caller = Caller { uid: 0, gid: 0 };
+
+struct Rig {
+    node: memnode::Memnode,
+    fs: RmemFs,
+}
+
+fn rig(memnode_size: u64, cache: u64, chunk: u64) -> Rig {
+    rig_with_faults(memnode_size, cache, chunk, Arc::new(Faults::default()))
+}
+
+fn rig_with_faults(memnode_size: u64, cache: u64, chunk: u64, faults: Arc<Faults>) -> Rig {
+    let node = memnode::Memnode::start(memnode::MemnodeConfig {
+        listen: "127.0.0.1:0".into(),
+        size: memnode_size,
+        token: None,
+        huge_pages: false,
+    })
+    .expect("memnode starts");
+    let addr = node.local_addr().to_string();
+    let connect = move |peer: &str| {
+        let tcp = TcpEndpoint::connect(peer, Duration::from_secs(2))?;
+        Ok(Box::new(FaultyEndpoint::new(Box::new(tcp), faults.clone())) as Box<dyn Endpoint>)
+    };
+    let remote = RemoteStore::connect(
+        &[addr],
+        &RemoteConfig {
+            block_size: BS,
+            chunk_size: chunk,
+            connections: 2,
+            client_id: 42,
+            token: Vec::new(),
+        },
+        &connect,
+    )
+    .expect("connects");
+    let fs = RmemFs::new(Arc::new(remote), cache, ME);
+    Rig { node, fs }
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn new_file(fs: &RmemFs, name: &str) -> Ino {
+    fs.create(ROOT_INO, name.as_ref(), 0o644, ME).unwrap().ino
+}
+
+#[test]
+fn data_larger_than_the_cache_reads_back_exactly() {
+    let r = rig(64 << 20, 8 * BS, 1 << 20);
+    let ino = new_file(&r.fs, "f");
+    let data = pattern(1 << 20, 7);
+    // Unaligned pieces, so partial blocks are read-modified-written.
+    for (i, piece) in data.chunks(10_000).enumerate() {
+        r.fs.write(ino, (i * 10_000) as u64, piece).unwrap();
+    }
+    let mut back = Vec::new();
+    while back.len() < data.len() {
+        let chunk = r.fs.read(ino, back.len() as u64, 7_777).unwrap();
+        assert!(!chunk.is_empty(), "short read at {}", back.len());
+        back.extend(chunk);
+    }
+    assert!(back == data, "data read back differs");
+    // With a cache of 8 blocks, most of the file must have gone to remote memory.
+    let written = r.fs.remote().counters.write_bytes.load(Ordering::Relaxed);
+    assert!(
+        written >= (1 << 20) - 8 * BS,
+        "only {written} bytes reached the memnode"
+    );
+}
+
+#[test]
+fn holes_read_as_zeros_and_hold_no_remote_memory() {
+    let r = rig(16 << 20, 16 * BS, 1 << 20);
+    let ino = new_file(&r.fs, "sparse");
+    r.fs.write(ino, 100 * BS + 5, b"tail").unwrap();
+    let attr = r.fs.getattr(ino).unwrap();
+    assert_eq!(attr.size, 100 * BS + 9);
+    assert_eq!(attr.allocated, BS, "only the written block is allocated");
+    assert_eq!(r.fs.read(ino, 50 * BS, 10).unwrap(), vec![0; 10]);
+    assert_eq!(r.fs.read(ino, 100 * BS, 9).unwrap(), b"\0\0\0\0\0tail");
+}
+
+#[test]
+fn truncate_down_then_up_reads_zeros_past_the_old_end() {
+    let r = rig(16 << 20, 4 * BS, 1 << 20);
+    let ino = new_file(&r.fs, "t");
+    r.fs.write(ino, 0, &vec![0xaa; 3 * BS as usize]).unwrap();
+    let shrink = SetAttr {
+        size: Some(BS + 10),
+        ..SetAttr::default()
+    };
+    r.fs.setattr(ino, &shrink).unwrap();
+    assert_eq!(r.fs.getattr(ino).unwrap().allocated, 2 * BS);
+    let grow = SetAttr {
+        size: Some(3 * BS),
+        ..SetAttr::default()
+    };
+    r.fs.setattr(ino, &grow).unwrap();
+    let all = r.fs.read(ino, 0, 3 * BS as u32).unwrap();
+    assert!(all[..(BS + 10) as usize].iter().all(|&b| b == 0xaa));
+    assert!(
+        all[(BS + 10) as usize..].iter().all(|&b| b == 0),
+        "bytes past the truncation point must read as zero"
+    );
+}
+
+#[test]
+fn full_remote_memory_is_enospc_and_keeps_what_was_written() {
+    let r = rig(1 << 20, 4 * BS, 256 << 10);
+    let first = new_file(&r.fs, "first");
+    let data = pattern(512 << 10, 3);
+    r.fs.write(first, 0, &data).unwrap();
+    r.fs.fsync(first).unwrap();
+    let second = new_file(&r.fs, "second");
+    let mut off = 0;
+    let err = loop {
+        match r.fs.write(second, off, &[1u8; BS as usize]) {
+            Ok(n) => off += n as u64,
+            Err(e) => break e,
+        }
+        assert!(off <= 1 << 20, "wrote more than the memnode holds");
+    };
+    assert_eq!(err, FsError::NoSpace);
+    assert_eq!(r.fs.read(first, 0, 512 << 10).unwrap(), data);
+}
+
+#[test]
+fn unlink_gives_remote_memory_back() {
+    let r = rig(64 << 20, 4 * BS, 1 << 20);
+    let ino = new_file(&r.fs, "big");
+    r.fs.write(ino, 0, &vec![5u8; 8 << 20]).unwrap();
+    r.fs.release(ino).unwrap();
+    let used_before = r.node.stats().used;
+    assert!(
+        used_before >= 8 << 20,
+        "memnode holds the file: {used_before}"
+    );
+    r.fs.unlink(ROOT_INO, "big".as_ref()).unwrap();
+    let used_after = r.node.stats().used;
+    assert!(
+        used_after <= 1 << 20,
+        "after unlink the memnode still holds {used_after} bytes (at most one spare chunk expected)"
+    );
+}
+
+#[test]
+fn an_open_unlinked_file_keeps_its_data_until_closed() {
+    let r = rig(16 << 20, 4 * BS, 1 << 20);
+    let ino = new_file(&r.fs, "f");
+    let data = pattern(64 * BS as usize, 9);
+    r.fs.write(ino, 0, &data).unwrap();
+    r.fs.unlink(ROOT_INO, "f".as_ref()).unwrap();
+    assert_eq!(r.fs.read(ino, 0, data.len() as u32).unwrap(), data);
+    r.fs.release(ino).unwrap();
+    assert_eq!(r.fs.getattr(ino).unwrap().allocated, 0);
+}
+
+#[test]
+fn a_lost_memnode_turns_uncached_reads_into_eio_quickly() {
+    let mut r = rig(16 << 20, 4 * BS, 1 << 20);
+    let ino = new_file(&r.fs, "f");
+    r.fs.write(ino, 0, &vec![1u8; 64 * BS as usize]).unwrap();
+    r.fs.fsync(ino).unwrap();
+    r.node.shutdown();
+    let start = Instant::now();
+    let err = r.fs.read(ino, 0, BS as u32).unwrap_err();
+    assert!(
+        matches!(err, FsError::Io(_)),
+        "expected an I/O error, got {err:?}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+    // Metadata still works.
+    assert_eq!(r.fs.getattr(ino).unwrap().size, 64 * BS);
+    assert!(r.fs.readdir(ROOT_INO, 0, 10).is_ok());
+}
+
+#[test]
+fn a_failed_write_back_is_reported_by_fsync() {
+    let faults = Arc::new(Faults::default());
+    let r = rig_with_faults(16 << 20, 4 * BS, 1 << 20, faults.clone());
+    let ino = new_file(&r.fs, "f");
+    r.fs.write(ino, 0, &vec![3u8; 2 * BS as usize]).unwrap();
+    faults.fail_writes.store(true, Ordering::SeqCst);
+    let err = r.fs.fsync(ino).unwrap_err();
+    assert!(matches!(err, FsError::Io(_)), "expected EIO, got {err:?}");
+}
+
+#[test]
+fn a_failed_eviction_write_back_surfaces_at_the_next_fsync() {
+    let faults = Arc::new(Faults::default());
+    let r = rig_with_faults(16 << 20, 4 * BS, 1 << 20, faults.clone());
+    let victim = new_file(&r.fs, "victim");
+    r.fs.write(victim, 0, &vec![3u8; BS as usize]).unwrap();
+    faults.fail_writes.store(true, Ordering::SeqCst);
+    // Push the victim's dirty page out of the 4-page cache; its write-back fails.
+    let other = new_file(&r.fs, "other");
+    for i in 0..8 {
+        let _ = r.fs.write(other, i * BS, &vec![1u8; BS as usize]);
+    }
+    faults.fail_writes.store(false, Ordering::SeqCst);
+    let err = r.fs.fsync(victim).unwrap_err();
+    assert!(matches!(err, FsError::Io(_)), "expected EIO, got {err:?}");
+}

@@ -1,0 +1,471 @@
+//! The FUSE adapter: the only module that knows fuser. Each handler calls the core
+//! ([`RmemFs`]) and turns its result into a reply; errno mapping happens here and
+//! nowhere else.
+
+use crate::error::FsError;
+use crate::fs::{Caller, RmemFs, SetAttr, SetTime};
+use crate::inode::{Attr, FileKind};
+use crate::namespace::RenameMode;
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
+};
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// How long the kernel may cache attributes and entries. Every change goes through
+/// this mount, so the kernel's view cannot go stale behind its back.
+const TTL: Duration = Duration::from_secs(1);
+/// Largest write the kernel sends in one request.
+const MAX_WRITE: u32 = 1 << 20;
+
+/// The one errno table.
+pub fn errno(e: &FsError) -> Errno {
+    match e {
+        FsError::NotFound => Errno::ENOENT,
+        FsError::Exists => Errno::EEXIST,
+        FsError::NotDir => Errno::ENOTDIR,
+        FsError::IsDir => Errno::EISDIR,
+        FsError::NotEmpty => Errno::ENOTEMPTY,
+        FsError::Invalid => Errno::EINVAL,
+        FsError::NameTooLong => Errno::ENAMETOOLONG,
+        FsError::TooLarge => Errno::EFBIG,
+        FsError::TooManyLinks => Errno::EMLINK,
+        FsError::NotPermitted => Errno::EPERM,
+        FsError::NoAttribute => Errno::ENODATA,
+        FsError::Range => Errno::ERANGE,
+        FsError::NotSupported => Errno::EOPNOTSUPP,
+        FsError::NoSpace => Errno::ENOSPC,
+        FsError::Io(_) => Errno::EIO,
+    }
+}
+
+fn file_type(k: FileKind) -> FileType {
+    match k {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDevice => FileType::CharDevice,
+        FileKind::BlockDevice => FileType::BlockDevice,
+    }
+}
+
+fn file_attr(a: &Attr, block_size: u32) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.allocated / 512,
+        atime: a.atime,
+        mtime: a.mtime,
+        ctime: a.ctime,
+        crtime: a.ctime,
+        kind: file_type(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: block_size,
+        flags: 0,
+    }
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+fn set_time(t: TimeOrNow) -> SetTime {
+    match t {
+        TimeOrNow::SpecificTime(t) => SetTime::At(t),
+        TimeOrNow::Now => SetTime::Now,
+    }
+}
+
+pub struct FuseAdapter {
+    fs: Arc<RmemFs>,
+    block_size: u32,
+}
+
+impl FuseAdapter {
+    pub fn new(fs: Arc<RmemFs>) -> FuseAdapter {
+        let block_size = fs.remote().block_size().min(u32::MAX as u64) as u32;
+        FuseAdapter { fs, block_size }
+    }
+
+    fn entry(&self, r: Result<Attr, FsError>, reply: ReplyEntry) {
+        match r {
+            Ok(a) => reply.entry(&TTL, &file_attr(&a, self.block_size), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn attr(&self, r: Result<Attr, FsError>, reply: ReplyAttr) {
+        match r {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a, self.block_size)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}
+
+fn empty(r: Result<(), FsError>, reply: ReplyEmpty) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+/// Open flags the kernel passes that change how fsd serves the handle.
+fn fopen_flags(flags: OpenFlags) -> FopenFlags {
+    if flags.0 & libc::O_DIRECT != 0 {
+        FopenFlags::FOPEN_DIRECT_IO
+    } else {
+        FopenFlags::empty()
+    }
+}
+
+fn xattr_reply(r: Result<Vec<u8>, FsError>, size: u32, reply: ReplyXattr) {
+    match r {
+        Ok(v) if size == 0 => reply.size(v.len() as u32),
+        Ok(v) if v.len() <= size as usize => reply.data(&v),
+        Ok(_) => reply.error(Errno::ERANGE),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+impl Filesystem for FuseAdapter {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(MAX_WRITE);
+        let _ = config.set_max_readahead(MAX_WRITE);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        self.fs.shutdown();
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.entry(self.fs.lookup(parent.0, name), reply);
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.attr(self.fs.getattr(ino.0), reply);
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let req = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(set_time),
+            mtime: mtime.map(set_time),
+        };
+        self.attr(self.fs.setattr(ino.0, &req), reply);
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(ino.0) {
+            Ok(t) => reply.data(t.as_os_str().as_encoded_bytes()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let kind = match mode & libc::S_IFMT {
+            libc::S_IFREG | 0 => FileKind::File,
+            libc::S_IFIFO => FileKind::Fifo,
+            libc::S_IFSOCK => FileKind::Socket,
+            libc::S_IFCHR => FileKind::CharDevice,
+            libc::S_IFBLK => FileKind::BlockDevice,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let r = self
+            .fs
+            .mknod(parent.0, name, kind, mode & !umask, rdev, caller(req));
+        self.entry(r, reply);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        self.entry(
+            self.fs.mkdir(parent.0, name, mode & !umask, caller(req)),
+            reply,
+        );
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(self.fs.unlink(parent.0, name), reply);
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(self.fs.rmdir(parent.0, name), reply);
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        self.entry(
+            self.fs.symlink(parent.0, link_name, target, caller(req)),
+            reply,
+        );
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            return reply.error(Errno::EINVAL);
+        }
+        let mode = RenameMode {
+            no_replace: flags.contains(RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+        };
+        empty(
+            self.fs.rename(parent.0, name, newparent.0, newname, mode),
+            reply,
+        );
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        self.entry(self.fs.link(ino.0, newparent.0, newname), reply);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open(ino.0) {
+            Ok(_) => reply.opened(FileHandle(0), fopen_flags(flags)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.fs.read(ino.0, offset, size) {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.fs.write(ino.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        empty(self.fs.fsync(ino.0), reply);
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(self.fs.release(ino.0), reply);
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(self.fs.fsync(ino.0), reply);
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        // Enough entries to fill a reply buffer; the kernel asks again for more.
+        match self.fs.readdir(ino.0, offset, 512) {
+            Ok(entries) => {
+                for e in entries {
+                    if reply.add(INodeNo(e.ino), e.offset, file_type(e.kind), &e.name) {
+                        break; // buffer full
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok(); // metadata lives in fsd's memory: nothing to write back
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = self.fs.statfs();
+        let bs = s.block_size;
+        // Inodes are limited only by fsd's memory; report a large, honest-enough pool.
+        let files = 1u64 << 32;
+        reply.statfs(
+            s.total_bytes / bs,
+            s.free_bytes / bs,
+            s.free_bytes / bs,
+            files,
+            files.saturating_sub(s.inodes),
+            bs as u32,
+            crate::namespace::MAX_NAME as u32,
+            bs as u32,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        empty(self.fs.setxattr(ino.0, name, value, flags), reply);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        xattr_reply(self.fs.getxattr(ino.0, name), size, reply);
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        xattr_reply(self.fs.listxattr(ino.0), size, reply);
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(self.fs.removexattr(ino.0, name), reply);
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        match self.fs.create(parent.0, name, mode & !umask, caller(req)) {
+            Ok(a) => reply.created(
+                &TTL,
+                &file_attr(&a, self.block_size),
+                Generation(0),
+                FileHandle(0),
+                fopen_flags(OpenFlags(flags)),
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Inodes: attributes, block maps, and the per-inode locks.
+//!
+//! Each inode has two locks:
+//! - `io` (RwLock): data operations (read, write, flush) hold it shared; operations
+//!   that change which blocks exist (truncate, releasing a deleted file's data) hold it
+//!   exclusively, so no read or write ever sees a block disappear under it.
+//! - `meta` (Mutex): attributes and the block map. Held briefly, never across remote
+//!   I/O except to allocate a block; it is the innermost lock of the data path
+//!   (io -> page -> meta).
+
+use crate::error::FsError;
+use crate::remote::BlockLoc;
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, MutexGuard, RwLock};
+use std::time::SystemTime;
+
+pub type Ino = u64;
+pub const ROOT_INO: Ino = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+/// The attributes `stat` shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: Ino,
+    pub kind: FileKind,
+    pub size: u64,
+    /// Bytes of remote memory held (allocated blocks × block size).
+    pub allocated: u64,
+    /// Permission bits, including setuid, setgid and sticky (mode & 0o7777).
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub atime: SystemTime,
+    pub mtime: SystemTime,
+    pub ctime: SystemTime,
+}
+
+/// Everything about an inode that `meta` protects.
+#[derive(Debug)]
+pub struct Meta {
+    pub attr: Attr,
+    /// Regular files: block index -> remote location. Holes are absent.
+    pub blocks: BTreeMap<u64, BlockLoc>,
+    /// Symlinks: the target.
+    pub target: Option<PathBuf>,
+    /// Extended attributes.
+    pub xattrs: BTreeMap<OsString, Vec<u8>>,
+    /// References the kernel holds (lookup count, decremented by forget).
+    pub lookups: u64,
+    /// Open file handles.
+    pub opens: u64,
+    /// First write-back failure since the last fsync/flush reported one.
+    pub write_error: Option<FsError>,
+    /// True once the data of a deleted file was given back.
+    pub released: bool,
+}
+
+pub struct Inode {
+    pub ino: Ino,
+    pub io: RwLock<()>,
+    pub meta: Mutex<Meta>,
+    /// Byte offset just past the last read, for sequential-read detection.
+    pub next_read: AtomicU64,
+}
+
+impl Inode {
+    pub fn new(attr: Attr, target: Option<PathBuf>) -> Inode {
+        Inode {
+            ino: attr.ino,
+            io: RwLock::new(()),
+            meta: Mutex::new(Meta {
+                attr,
+                blocks: BTreeMap::new(),
+                target,
+                xattrs: BTreeMap::new(),
+                lookups: 0,
+                opens: 0,
+                write_error: None,
+                released: false,
+            }),
+            next_read: AtomicU64::new(0),
+        }
+    }
+
+    pub fn meta(&self) -> MutexGuard<'_, Meta> {
+        self.meta.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn io_shared(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        self.io.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn io_exclusive(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
+        self.io.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Meta {
+    /// True when nothing refers to the file's data any more: no name, no open handle.
+    pub fn is_unreferenced(&self) -> bool {
+        self.attr.nlink == 0 && self.opens == 0
+    }
+
+    pub fn touch_mtime(&mut self) {
+        let now = SystemTime::now();
+        self.attr.mtime = now;
+        self.attr.ctime = now;
+    }
+
+    pub fn touch_ctime(&mut self) {
+        self.attr.ctime = SystemTime::now();
+    }
+}

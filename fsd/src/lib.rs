@@ -1,0 +1,18 @@
+//! fsd: a POSIX filesystem whose file data lives in remote memory (memnodes).
+//!
+//! - [`fs`]: the filesystem core (operations, data path); no FUSE in it.
+//! - [`namespace`], [`inode`]: directories, inodes and their locks.
+//! - [`cache`]: the LRU page cache with write-back.
+//! - [`remote`]: memnode connections, block placement and batched block I/O.
+//! - [`fuse`]: the thin fuser adapter, the only place errno appears.
+//! - [`daemon`]: startup, mount, periodic flushing, clean shutdown on signals.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+pub mod cache;
+pub mod daemon;
+pub mod error;
+pub mod fs;
+pub mod fuse;
+pub mod inode;
+pub mod namespace;
+pub mod remote;

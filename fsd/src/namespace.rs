@@ -1,0 +1,530 @@
+//! The namespace: which inodes exist and how directories name them.
+//!
+//! - `inodes` maps numbers to live inodes. Its lock is innermost: nothing else is ever
+//!   locked while it is held.
+//! - `tree` holds every directory's entries. Structural changes (create, link, unlink,
+//!   rename) take it exclusively, which also makes rename's "not into its own subtree"
+//!   check race-free; lookups and readdir take it shared. The data path never takes it.
+//!
+//! Lock order: tree -> inode meta -> inodes map.
+//!
+//! Directory entries carry a cookie, allocated once per entry and never reused within
+//! the directory, that serves as the readdir offset: a listing that continues after
+//! entries were removed or added neither skips nor repeats the others.
+
+use crate::error::{FsError, FsResult};
+use crate::inode::{Attr, FileKind, Ino, Inode, ROOT_INO};
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{OsStr, OsString};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
+
+/// Longest name in a directory, as on local filesystems.
+pub const MAX_NAME: usize = 255;
+/// Readdir offsets 1 and 2 are "." and ".."; entry cookies start after them.
+const FIRST_COOKIE: u64 = 3;
+
+#[derive(Debug)]
+struct Dir {
+    parent: Ino,
+    entries: HashMap<OsString, (Ino, u64)>,
+    by_cookie: BTreeMap<u64, OsString>,
+    next_cookie: u64,
+}
+
+impl Dir {
+    fn new(parent: Ino) -> Dir {
+        Dir {
+            parent,
+            entries: HashMap::new(),
+            by_cookie: BTreeMap::new(),
+            next_cookie: FIRST_COOKIE,
+        }
+    }
+
+    fn insert(&mut self, name: OsString, ino: Ino) {
+        let cookie = self.next_cookie;
+        self.next_cookie += 1;
+        self.by_cookie.insert(cookie, name.clone());
+        self.entries.insert(name, (ino, cookie));
+    }
+
+    fn remove(&mut self, name: &OsStr) -> Option<Ino> {
+        let (ino, cookie) = self.entries.remove(name)?;
+        self.by_cookie.remove(&cookie);
+        Some(ino)
+    }
+
+    fn get(&self, name: &OsStr) -> Option<Ino> {
+        self.entries.get(name).map(|&(i, _)| i)
+    }
+}
+
+/// One readdir entry.
+#[derive(Debug, Clone)]
+pub struct DirEntry {
+    /// The offset to pass to continue after this entry.
+    pub offset: u64,
+    pub ino: Ino,
+    pub kind: FileKind,
+    pub name: OsString,
+}
+
+/// What a new inode should look like.
+#[derive(Debug, Clone)]
+pub struct NewInode {
+    pub kind: FileKind,
+    pub perm: u16,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub target: Option<PathBuf>,
+}
+
+/// How to rename.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RenameMode {
+    /// Fail with EEXIST instead of replacing an existing target.
+    pub no_replace: bool,
+    /// Swap source and target atomically; both must exist.
+    pub exchange: bool,
+}
+
+pub struct Namespace {
+    tree: RwLock<HashMap<Ino, Dir>>,
+    inodes: RwLock<HashMap<Ino, Arc<Inode>>>,
+    next_ino: AtomicU64,
+}
+
+fn check_name(name: &OsStr) -> FsResult<()> {
+    if name.len() > MAX_NAME {
+        return Err(FsError::NameTooLong);
+    }
+    if name.is_empty() || name == "." || name == ".." {
+        return Err(FsError::Invalid);
+    }
+    Ok(())
+}
+
+impl Namespace {
+    /// A namespace holding only the root directory, owned by `uid:gid`.
+    pub fn new(uid: u32, gid: u32) -> Namespace {
+        let now = SystemTime::now();
+        let root = Inode::new(
+            Attr {
+                ino: ROOT_INO,
+                kind: FileKind::Dir,
+                size: 0,
+                allocated: 0,
+                perm: 0o755,
+                nlink: 2,
+                uid,
+                gid,
+                rdev: 0,
+                atime: now,
+                mtime: now,
+                ctime: now,
+            },
+            None,
+        );
+        let mut tree = HashMap::new();
+        tree.insert(ROOT_INO, Dir::new(ROOT_INO));
+        let mut inodes = HashMap::new();
+        inodes.insert(ROOT_INO, Arc::new(root));
+        Namespace {
+            tree: RwLock::new(tree),
+            inodes: RwLock::new(inodes),
+            next_ino: AtomicU64::new(ROOT_INO + 1),
+        }
+    }
+
+    fn tree_read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<Ino, Dir>> {
+        self.tree.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn tree_write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<Ino, Dir>> {
+        self.tree.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The inode numbered `ino`, if it exists.
+    pub fn get(&self, ino: Ino) -> FsResult<Arc<Inode>> {
+        self.inodes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&ino)
+            .cloned()
+            .ok_or(FsError::NotFound)
+    }
+
+    /// Looks `name` up in `parent` and counts a kernel reference to the result.
+    pub fn lookup(&self, parent: Ino, name: &OsStr) -> FsResult<Arc<Inode>> {
+        if name.len() > MAX_NAME {
+            return Err(FsError::NameTooLong);
+        }
+        let tree = self.tree_read();
+        let dir = tree.get(&parent).ok_or(FsError::NotDir)?;
+        let ino = dir.get(name).ok_or(FsError::NotFound)?;
+        let inode = self.get(ino)?;
+        inode.meta().lookups += 1;
+        Ok(inode)
+    }
+
+    /// Creates `name` in `parent`; the result carries one kernel reference.
+    pub fn create(&self, parent: Ino, name: &OsStr, new: NewInode) -> FsResult<Arc<Inode>> {
+        check_name(name)?;
+        let mut tree = self.tree_write();
+        let dir = tree.get(&parent).ok_or(FsError::NotDir)?;
+        if dir.get(name).is_some() {
+            return Err(FsError::Exists);
+        }
+        let parent_inode = self.get(parent)?;
+        let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
+        let now = SystemTime::now();
+        let is_dir = new.kind == FileKind::Dir;
+        let size = new
+            .target
+            .as_ref()
+            .map_or(0, |t| t.as_os_str().len() as u64);
+        let inode = Arc::new(Inode::new(
+            Attr {
+                ino,
+                kind: new.kind,
+                size,
+                allocated: 0,
+                perm: new.perm & 0o7777,
+                nlink: if is_dir { 2 } else { 1 },
+                uid: new.uid,
+                gid: new.gid,
+                rdev: new.rdev,
+                atime: now,
+                mtime: now,
+                ctime: now,
+            },
+            new.target,
+        ));
+        inode.meta().lookups = 1;
+        if is_dir {
+            tree.insert(ino, Dir::new(parent));
+        }
+        if let Some(d) = tree.get_mut(&parent) {
+            d.insert(name.to_os_string(), ino);
+        }
+        {
+            let mut pm = parent_inode.meta();
+            if is_dir {
+                pm.attr.nlink += 1;
+            }
+            pm.touch_mtime();
+        }
+        self.inodes
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ino, inode.clone());
+        Ok(inode)
+    }
+
+    /// Adds a hard link to `ino` as `name` in `parent`; counts a kernel reference.
+    pub fn link(&self, ino: Ino, parent: Ino, name: &OsStr) -> FsResult<Arc<Inode>> {
+        check_name(name)?;
+        let mut tree = self.tree_write();
+        let dir = tree.get_mut(&parent).ok_or(FsError::NotDir)?;
+        if dir.get(name).is_some() {
+            return Err(FsError::Exists);
+        }
+        let inode = self.get(ino)?;
+        {
+            let mut m = inode.meta();
+            if m.attr.kind == FileKind::Dir {
+                return Err(FsError::NotPermitted);
+            }
+            if m.attr.nlink == 0 {
+                return Err(FsError::NotFound);
+            }
+            if m.attr.nlink >= u32::MAX - 1 {
+                return Err(FsError::TooManyLinks);
+            }
+            m.attr.nlink += 1;
+            m.lookups += 1;
+            m.touch_ctime();
+        }
+        dir.insert(name.to_os_string(), ino);
+        self.get(parent)?.meta().touch_mtime();
+        Ok(inode)
+    }
+
+    /// Removes the non-directory `name` from `parent`. Returns the inode, whose link
+    /// count has dropped; the caller releases its data if nothing refers to it.
+    pub fn unlink(&self, parent: Ino, name: &OsStr) -> FsResult<Arc<Inode>> {
+        let mut tree = self.tree_write();
+        let dir = tree.get(&parent).ok_or(FsError::NotDir)?;
+        let ino = dir.get(name).ok_or(FsError::NotFound)?;
+        if tree.contains_key(&ino) {
+            return Err(FsError::IsDir);
+        }
+        let inode = self.get(ino)?;
+        if let Some(d) = tree.get_mut(&parent) {
+            d.remove(name);
+        }
+        {
+            let mut m = inode.meta();
+            m.attr.nlink = m.attr.nlink.saturating_sub(1);
+            m.touch_ctime();
+        }
+        self.get(parent)?.meta().touch_mtime();
+        Ok(inode)
+    }
+
+    /// Removes the empty directory `name` from `parent`.
+    pub fn rmdir(&self, parent: Ino, name: &OsStr) -> FsResult<Arc<Inode>> {
+        let mut tree = self.tree_write();
+        let dir = tree.get(&parent).ok_or(FsError::NotDir)?;
+        let ino = dir.get(name).ok_or(FsError::NotFound)?;
+        let victim = tree.get(&ino).ok_or(FsError::NotDir)?;
+        if !victim.entries.is_empty() {
+            return Err(FsError::NotEmpty);
+        }
+        let inode = self.get(ino)?;
+        tree.remove(&ino);
+        if let Some(d) = tree.get_mut(&parent) {
+            d.remove(name);
+        }
+        {
+            let mut m = inode.meta();
+            m.attr.nlink = 0;
+            m.touch_ctime();
+        }
+        let parent_inode = self.get(parent)?;
+        let mut pm = parent_inode.meta();
+        pm.attr.nlink = pm.attr.nlink.saturating_sub(1);
+        pm.touch_mtime();
+        Ok(inode)
+    }
+
+    /// True if `ancestor` is `ino` or one of its ancestors.
+    fn is_ancestor(tree: &HashMap<Ino, Dir>, ancestor: Ino, mut ino: Ino) -> bool {
+        loop {
+            if ino == ancestor {
+                return true;
+            }
+            match tree.get(&ino) {
+                Some(d) if d.parent != ino => ino = d.parent,
+                _ => return false,
+            }
+        }
+    }
+
+    /// Renames `parent/name` to `new_parent/new_name`. Returns an inode whose last
+    /// link was replaced away, for the caller to release.
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        new_parent: Ino,
+        new_name: &OsStr,
+        mode: RenameMode,
+    ) -> FsResult<Option<Arc<Inode>>> {
+        check_name(new_name)?;
+        let mut tree = self.tree_write();
+        let src = tree
+            .get(&parent)
+            .ok_or(FsError::NotDir)?
+            .get(name)
+            .ok_or(FsError::NotFound)?;
+        let dst = tree.get(&new_parent).ok_or(FsError::NotDir)?.get(new_name);
+        let src_is_dir = tree.contains_key(&src);
+        // A directory cannot move below itself.
+        if src_is_dir && Self::is_ancestor(&tree, src, new_parent) {
+            return Err(FsError::Invalid);
+        }
+        if mode.exchange {
+            let dst = dst.ok_or(FsError::NotFound)?;
+            let dst_is_dir = tree.contains_key(&dst);
+            if dst_is_dir && Self::is_ancestor(&tree, dst, parent) {
+                return Err(FsError::Invalid);
+            }
+            self.swap_entries(&mut tree, (parent, name, src), (new_parent, new_name, dst))?;
+            return Ok(None);
+        }
+        let mut replaced = None;
+        if let Some(dst) = dst {
+            if mode.no_replace {
+                return Err(FsError::Exists);
+            }
+            if dst == src {
+                return Ok(None); // two links to the same inode: nothing to do
+            }
+            match (src_is_dir, tree.get(&dst)) {
+                (true, None) => return Err(FsError::NotDir),
+                (false, Some(_)) => return Err(FsError::IsDir),
+                (true, Some(d)) if !d.entries.is_empty() => return Err(FsError::NotEmpty),
+                _ => {}
+            }
+            let dst_inode = self.get(dst)?;
+            if let Some(d) = tree.get_mut(&new_parent) {
+                d.remove(new_name);
+            }
+            {
+                let mut m = dst_inode.meta();
+                if src_is_dir {
+                    m.attr.nlink = 0;
+                } else {
+                    m.attr.nlink = m.attr.nlink.saturating_sub(1);
+                }
+                m.touch_ctime();
+            }
+            if src_is_dir {
+                tree.remove(&dst);
+                // The replaced directory's ".." no longer counts against new_parent.
+                let np = self.get(new_parent)?;
+                let mut m = np.meta();
+                m.attr.nlink = m.attr.nlink.saturating_sub(1);
+            }
+            replaced = Some(dst_inode);
+        }
+        if let Some(d) = tree.get_mut(&parent) {
+            d.remove(name);
+        }
+        if let Some(d) = tree.get_mut(&new_parent) {
+            d.insert(new_name.to_os_string(), src);
+        }
+        if src_is_dir {
+            if let Some(d) = tree.get_mut(&src) {
+                d.parent = new_parent;
+            }
+            if parent != new_parent {
+                let old = self.get(parent)?;
+                let mut m = old.meta();
+                m.attr.nlink = m.attr.nlink.saturating_sub(1);
+                drop(m);
+                self.get(new_parent)?.meta().attr.nlink += 1;
+            }
+        }
+        self.get(src)?.meta().touch_ctime();
+        self.get(parent)?.meta().touch_mtime();
+        if new_parent != parent {
+            self.get(new_parent)?.meta().touch_mtime();
+        }
+        Ok(replaced)
+    }
+
+    fn swap_entries(
+        &self,
+        tree: &mut HashMap<Ino, Dir>,
+        (pa, na, a): (Ino, &OsStr, Ino),
+        (pb, nb, b): (Ino, &OsStr, Ino),
+    ) -> FsResult<()> {
+        if a == b {
+            return Ok(());
+        }
+        for (p, n, i) in [(pa, na, b), (pb, nb, a)] {
+            if let Some(d) = tree.get_mut(&p) {
+                d.remove(n);
+                d.insert(n.to_os_string(), i);
+            }
+        }
+        let a_dir = tree.contains_key(&a);
+        let b_dir = tree.contains_key(&b);
+        if let Some(d) = tree.get_mut(&a) {
+            d.parent = pb;
+        }
+        if let Some(d) = tree.get_mut(&b) {
+            d.parent = pa;
+        }
+        if pa != pb && a_dir != b_dir {
+            // A directory moved from one parent to the other: move its ".." link too.
+            let (gains, loses) = if a_dir { (pb, pa) } else { (pa, pb) };
+            self.get(gains)?.meta().attr.nlink += 1;
+            let l = self.get(loses)?;
+            let mut m = l.meta();
+            m.attr.nlink = m.attr.nlink.saturating_sub(1);
+        }
+        for i in [a, b] {
+            self.get(i)?.meta().touch_ctime();
+        }
+        for p in [pa, pb] {
+            self.get(p)?.meta().touch_mtime();
+        }
+        Ok(())
+    }
+
+    /// Entries of directory `ino` after `offset` (0 starts at ".").
+    pub fn readdir(&self, ino: Ino, offset: u64, max: usize) -> FsResult<Vec<DirEntry>> {
+        let tree = self.tree_read();
+        let dir = tree.get(&ino).ok_or(FsError::NotDir)?;
+        let mut out = Vec::new();
+        if offset < 1 {
+            out.push(DirEntry {
+                offset: 1,
+                ino,
+                kind: FileKind::Dir,
+                name: ".".into(),
+            });
+        }
+        if offset < 2 {
+            out.push(DirEntry {
+                offset: 2,
+                ino: dir.parent,
+                kind: FileKind::Dir,
+                name: "..".into(),
+            });
+        }
+        for (&cookie, name) in dir.by_cookie.range(offset.max(2) + 1..) {
+            if out.len() >= max {
+                break;
+            }
+            let Some(child) = dir.get(name) else { continue };
+            let Ok(inode) = self.get(child) else { continue };
+            let kind = inode.meta().attr.kind;
+            out.push(DirEntry {
+                offset: cookie,
+                ino: child,
+                kind,
+                name: name.clone(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Drops `n` kernel references; forgets the inode once none are left and it has
+    /// no name. Returns the inode when it was forgotten, so the caller can release
+    /// data still held.
+    pub fn forget(&self, ino: Ino, n: u64) -> Option<Arc<Inode>> {
+        if ino == ROOT_INO {
+            return None;
+        }
+        let inode = self.get(ino).ok()?;
+        let gone = {
+            let mut m = inode.meta();
+            m.lookups = m.lookups.saturating_sub(n);
+            m.lookups == 0 && m.attr.nlink == 0 && m.opens == 0
+        };
+        if gone {
+            self.inodes
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&ino);
+            return Some(inode);
+        }
+        None
+    }
+
+    /// Number of inodes (for statfs).
+    pub fn inode_count(&self) -> u64 {
+        self.inodes.read().unwrap_or_else(|e| e.into_inner()).len() as u64
+    }
+
+    /// Every inode (for shutdown).
+    pub fn all(&self) -> Vec<Arc<Inode>> {
+        self.inodes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,217 @@
+use super::*;
+
+fn ns() -> Namespace {
+    Namespace::new(0, 0)
+}
+
+fn new(kind: FileKind) -> NewInode {
+    NewInode {
+        kind,
+        perm: 0o644,
+        uid: 1,
+        gid: 2,
+        rdev: 0,
+        target: None,
+    }
+}
+
+fn names(ns: &Namespace, dir: Ino) -> Vec<String> {
+    ns.readdir(dir, 0, usize::MAX)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name.to_string_lossy().into_owned())
+        .collect()
+}
+
+fn nlink(ns: &Namespace, ino: Ino) -> u32 {
+    ns.get(ino).unwrap().meta().attr.nlink
+}
+
+#[test]
+fn created_entries_are_found_and_listed() {
+    let ns = ns();
+    let f = ns
+        .create(ROOT_INO, "a".as_ref(), new(FileKind::File))
+        .unwrap();
+    assert_eq!(ns.lookup(ROOT_INO, "a".as_ref()).unwrap().ino, f.ino);
+    assert_eq!(names(&ns, ROOT_INO), vec![".", "..", "a"]);
+    assert_eq!(
+        ns.create(ROOT_INO, "a".as_ref(), new(FileKind::File)).err(),
+        Some(FsError::Exists)
+    );
+}
+
+#[test]
+fn directory_link_counts_follow_subdirectories() {
+    let ns = ns();
+    let d = ns
+        .create(ROOT_INO, "d".as_ref(), new(FileKind::Dir))
+        .unwrap();
+    assert_eq!(nlink(&ns, ROOT_INO), 3);
+    assert_eq!(nlink(&ns, d.ino), 2);
+    ns.create(d.ino, "e".as_ref(), new(FileKind::Dir)).unwrap();
+    assert_eq!(nlink(&ns, d.ino), 3);
+    assert_eq!(
+        ns.rmdir(ROOT_INO, "d".as_ref()).err(),
+        Some(FsError::NotEmpty)
+    );
+    ns.rmdir(d.ino, "e".as_ref()).unwrap();
+    ns.rmdir(ROOT_INO, "d".as_ref()).unwrap();
+    assert_eq!(nlink(&ns, ROOT_INO), 2);
+}
+
+#[test]
+fn names_longer_than_255_bytes_are_refused() {
+    let ns = ns();
+    let long = "x".repeat(256);
+    assert_eq!(
+        ns.create(ROOT_INO, long.as_ref(), new(FileKind::File))
+            .err(),
+        Some(FsError::NameTooLong)
+    );
+    let ok = "y".repeat(255);
+    assert!(ns
+        .create(ROOT_INO, ok.as_ref(), new(FileKind::File))
+        .is_ok());
+}
+
+#[test]
+fn hard_links_share_the_inode_and_count() {
+    let ns = ns();
+    let f = ns
+        .create(ROOT_INO, "f".as_ref(), new(FileKind::File))
+        .unwrap();
+    ns.link(f.ino, ROOT_INO, "g".as_ref()).unwrap();
+    assert_eq!(nlink(&ns, f.ino), 2);
+    ns.unlink(ROOT_INO, "f".as_ref()).unwrap();
+    assert_eq!(nlink(&ns, f.ino), 1);
+    assert_eq!(ns.lookup(ROOT_INO, "g".as_ref()).unwrap().ino, f.ino);
+}
+
+#[test]
+fn rename_replaces_files_and_refuses_bad_targets() {
+    let ns = ns();
+    let a = ns
+        .create(ROOT_INO, "a".as_ref(), new(FileKind::File))
+        .unwrap();
+    let b = ns
+        .create(ROOT_INO, "b".as_ref(), new(FileKind::File))
+        .unwrap();
+    let d = ns
+        .create(ROOT_INO, "d".as_ref(), new(FileKind::Dir))
+        .unwrap();
+    let m = RenameMode::default();
+    let replaced = ns
+        .rename(ROOT_INO, "a".as_ref(), ROOT_INO, "b".as_ref(), m)
+        .unwrap();
+    assert_eq!(replaced.map(|i| i.ino), Some(b.ino));
+    assert_eq!(nlink(&ns, b.ino), 0);
+    assert_eq!(ns.lookup(ROOT_INO, "b".as_ref()).unwrap().ino, a.ino);
+    assert_eq!(
+        ns.rename(ROOT_INO, "b".as_ref(), ROOT_INO, "d".as_ref(), m)
+            .err(),
+        Some(FsError::IsDir)
+    );
+    assert_eq!(
+        ns.rename(ROOT_INO, "d".as_ref(), ROOT_INO, "b".as_ref(), m)
+            .err(),
+        Some(FsError::NotDir)
+    );
+    let no_replace = RenameMode {
+        no_replace: true,
+        exchange: false,
+    };
+    ns.create(ROOT_INO, "c".as_ref(), new(FileKind::File))
+        .unwrap();
+    assert_eq!(
+        ns.rename(ROOT_INO, "b".as_ref(), ROOT_INO, "c".as_ref(), no_replace)
+            .err(),
+        Some(FsError::Exists)
+    );
+    let _ = d;
+}
+
+#[test]
+fn a_directory_cannot_move_into_its_own_subtree() {
+    let ns = ns();
+    let d = ns
+        .create(ROOT_INO, "d".as_ref(), new(FileKind::Dir))
+        .unwrap();
+    let e = ns.create(d.ino, "e".as_ref(), new(FileKind::Dir)).unwrap();
+    let m = RenameMode::default();
+    assert_eq!(
+        ns.rename(ROOT_INO, "d".as_ref(), e.ino, "x".as_ref(), m)
+            .err(),
+        Some(FsError::Invalid)
+    );
+    // Moving it elsewhere fixes the link counts of both parents.
+    let f = ns
+        .create(ROOT_INO, "f".as_ref(), new(FileKind::Dir))
+        .unwrap();
+    ns.rename(d.ino, "e".as_ref(), f.ino, "e".as_ref(), m)
+        .unwrap();
+    assert_eq!(nlink(&ns, d.ino), 2);
+    assert_eq!(nlink(&ns, f.ino), 3);
+    let dotdot = ns.readdir(e.ino, 0, 2).unwrap()[1].ino;
+    assert_eq!(dotdot, f.ino);
+}
+
+#[test]
+fn exchange_swaps_two_entries() {
+    let ns = ns();
+    let a = ns
+        .create(ROOT_INO, "a".as_ref(), new(FileKind::File))
+        .unwrap();
+    let d = ns
+        .create(ROOT_INO, "d".as_ref(), new(FileKind::Dir))
+        .unwrap();
+    let x = RenameMode {
+        no_replace: false,
+        exchange: true,
+    };
+    ns.rename(ROOT_INO, "a".as_ref(), ROOT_INO, "d".as_ref(), x)
+        .unwrap();
+    assert_eq!(ns.lookup(ROOT_INO, "a".as_ref()).unwrap().ino, d.ino);
+    assert_eq!(ns.lookup(ROOT_INO, "d".as_ref()).unwrap().ino, a.ino);
+}
+
+#[test]
+fn listing_continues_correctly_while_entries_are_removed() {
+    let ns = ns();
+    for i in 0..100 {
+        ns.create(ROOT_INO, format!("f{i}").as_ref(), new(FileKind::File))
+            .unwrap();
+    }
+    // Read in pages of 10, deleting everything seen so far, as `rm -r` does.
+    let mut offset = 0;
+    let mut seen = 0;
+    loop {
+        let page = ns.readdir(ROOT_INO, offset, 10).unwrap();
+        if page.is_empty() {
+            break;
+        }
+        for e in &page {
+            if e.name != "." && e.name != ".." {
+                ns.unlink(ROOT_INO, &e.name).unwrap();
+                seen += 1;
+            }
+        }
+        offset = page.last().unwrap().offset;
+    }
+    assert_eq!(seen, 100, "every entry listed exactly once");
+    assert_eq!(names(&ns, ROOT_INO), vec![".", ".."]);
+}
+
+#[test]
+fn forget_drops_an_unlinked_inode_only_when_unreferenced() {
+    let ns = ns();
+    let f = ns
+        .create(ROOT_INO, "f".as_ref(), new(FileKind::File))
+        .unwrap();
+    ns.lookup(ROOT_INO, "f".as_ref()).unwrap(); // lookups = 2
+    ns.unlink(ROOT_INO, "f".as_ref()).unwrap();
+    assert!(ns.forget(f.ino, 1).is_none());
+    assert!(ns.get(f.ino).is_ok());
+    assert!(ns.forget(f.ino, 1).is_some());
+    assert_eq!(ns.get(f.ino).err(), Some(FsError::NotFound));
+}
