@@ -1,0 +1,69 @@
+# shellcheck shell=bash
+# Shared by scripts/run and scripts/test (sourced, not run): installs what rmemfs needs
+# on a Debian 12 machine and makes cargo reachable.
+
+log() { printf '\n==> %s\n' "$*" >&2; }
+
+# Root runs apt-get directly; anyone else goes through sudo.
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# apt_install PKG...: installs the packages that are not installed yet (apt-get update
+# first, once, and only when something is missing).
+apt_install() {
+    local missing=() pkg
+    for pkg in "$@"; do
+        if [ "$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)" != 'install ok installed' ]; then
+            missing+=("$pkg")
+        fi
+    done
+    if [ "${#missing[@]}" -eq 0 ]; then
+        return 0
+    fi
+    if ! command -v apt-get >/dev/null; then
+        log "missing packages ${missing[*]} and no apt-get to install them: install them by hand"
+        return 1
+    fi
+    log "installing ${missing[*]}"
+    as_root apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+# System packages: fuse3 (fusermount3, /etc/fuse.conf), a C toolchain for crates that
+# build C, curl and CA certificates for rustup.
+install_system_packages() {
+    apt_install fuse3 pkg-config build-essential ca-certificates curl
+}
+
+# Puts cargo on PATH, installing a Rust toolchain with rustup if there is none (Debian
+# 12's own rustc is older than the workspace's rust-version).
+ensure_cargo() {
+    if ! command -v cargo >/dev/null && [ -f "$HOME/.cargo/env" ]; then
+        # shellcheck disable=SC1091
+        . "$HOME/.cargo/env"
+    fi
+    if ! command -v cargo >/dev/null; then
+        log "no cargo: installing a Rust toolchain with rustup"
+        curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs |
+            sh -s -- -y --profile minimal --component clippy,rustfmt
+        # shellcheck disable=SC1091
+        . "$HOME/.cargo/env"
+    fi
+    if command -v rustup >/dev/null &&
+        ! { cargo fmt --version && cargo clippy --version; } >/dev/null 2>&1; then
+        rustup component add rustfmt clippy
+    fi
+    cargo --version >&2
+}
+
+# FUSE needs its device; say so plainly instead of failing later inside a test.
+ensure_dev_fuse() {
+    if [ ! -e /dev/fuse ]; then
+        as_root modprobe fuse 2>/dev/null || true
+    fi
+    if [ ! -e /dev/fuse ]; then
+        log "/dev/fuse does not exist: load the fuse module, or run the container with --device /dev/fuse --cap-add SYS_ADMIN"
+        return 1
+    fi
+}

@@ -1,0 +1,279 @@
+//! An `fsd` process and its mount.
+//!
+//! Start: a fresh temporary mountpoint, `fsd MOUNTPOINT ARGS...`, then wait (bounded)
+//! for fsd's `fsd mounted <MOUNTPOINT>` line and for the mount to show in
+//! `/proc/self/mountinfo` as an rmemfs mount ([`MountEntry::is_rmemfs`]). If fsd exits first, the failure carries
+//! its exit status and stderr.
+//!
+//! Stop: [`FsdMount::unmount`] is the clean path a test asserts on (SIGTERM, exit 0,
+//! mount gone). `Drop` is the safety net for failing tests: a lazy `fusermount3 -u -z`,
+//! SIGKILL, and removal of the mountpoint, so no mount outlives its test.
+
+use crate::binaries::{binary, require_fuse};
+use crate::memnode::MemnodeProc;
+use crate::output::{self, Announce, Tail};
+use crate::poll_until;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// How long fsd may take to connect and mount.
+const MOUNT_LIMIT: Duration = Duration::from_secs(30);
+/// How long fsd may take to flush and exit after SIGTERM.
+const UNMOUNT_LIMIT: Duration = Duration::from_secs(60);
+/// The filesystem type fsd's mounts carry.
+pub const FSTYPE: &str = "fuse.rmemfs";
+
+/// A live fsd mount.
+pub struct FsdMount {
+    child: Option<Child>,
+    mountpoint: PathBuf,
+    args: Vec<String>,
+    stderr: Tail,
+}
+
+impl FsdMount {
+    /// `fsd MOUNTPOINT ARGS...` on a fresh temporary mountpoint.
+    pub fn start(args: &[&str]) -> FsdMount {
+        require_fuse();
+        let bin = binary("fsd");
+        let dir = crate::fresh_dir("rmemfs-mnt");
+        let mountpoint = dir
+            .canonicalize()
+            .unwrap_or_else(|e| panic!("canonicalizing {}: {e}", dir.display()));
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let mut child = Command::new(&bin)
+            .arg(&mountpoint)
+            .args(&args)
+            .env("RUST_BACKTRACE", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+        let stdout = output::lines(child.stdout.take().expect("piped stdout"), "fsd");
+        let stderr = Tail::capture(child.stderr.take().expect("piped stderr"), "fsd");
+        let announced = output::wait_for_line(&mut child, &stdout, MOUNT_LIMIT, |l| {
+            l.starts_with("fsd mounted ")
+        });
+        // From here on Drop cleans up whatever happens.
+        let mount = FsdMount {
+            child: Some(child),
+            mountpoint,
+            args,
+            stderr,
+        };
+        match announced {
+            Announce::Line(line) => {
+                let named = line.trim_start_matches("fsd mounted ").trim();
+                assert_eq!(
+                    Path::new(named),
+                    mount.mountpoint,
+                    "fsd announced a mount on {named:?}, not on the mountpoint it was given"
+                );
+            }
+            Announce::Exited(status) => panic!(
+                "fsd {} exited ({status}) before mounting; stderr:\n{}",
+                mount.describe(),
+                mount.stderr()
+            ),
+            Announce::TimedOut => panic!(
+                "fsd {} printed no `fsd mounted` line within {MOUNT_LIMIT:?}; stderr:\n{}",
+                mount.describe(),
+                mount.stderr()
+            ),
+        }
+        let entry = poll_until(MOUNT_LIMIT, || mount_entry(&mount.mountpoint));
+        assert!(
+            entry.as_ref().is_some_and(MountEntry::is_rmemfs),
+            "after `fsd mounted`, /proc/self/mountinfo should list {} as {FSTYPE} \
+             (or fuse with source rmemfs), but has {entry:?}; stderr:\n{}",
+            mount.mountpoint.display(),
+            mount.stderr()
+        );
+        mount
+    }
+
+    /// `fsd MOUNTPOINT --memnode ADDR ARGS...`.
+    pub fn with_memnode(memnode: &MemnodeProc, args: &[&str]) -> FsdMount {
+        let mut all = vec!["--memnode", memnode.addr()];
+        all.extend_from_slice(args);
+        FsdMount::start(&all)
+    }
+
+    /// The mountpoint.
+    pub fn path(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// A path inside the mount.
+    pub fn join(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.mountpoint.join(rel)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child
+            .as_ref()
+            .map(Child::id)
+            .expect("fsd already stopped")
+    }
+
+    /// What fsd wrote to stderr so far (the end of it).
+    pub fn stderr(&self) -> String {
+        self.stderr.text()
+    }
+
+    /// fsd's resident set size (VmRSS in /proc/PID/status), in bytes.
+    pub fn rss_bytes(&self) -> u64 {
+        let path = format!("/proc/{}/status", self.pid());
+        let status = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {path}: {e} (did fsd die?)"));
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+            .unwrap_or_else(|| panic!("no VmRSS line in {path}"))
+    }
+
+    /// True while fsd runs.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// The clean stop a user makes: SIGTERM, then fsd must flush, unmount and exit 0
+    /// within a deadline, and the mount must be gone.
+    pub fn unmount(mut self) {
+        let mut child = self.child.take().expect("fsd already stopped");
+        output::signal(child.id(), libc::SIGTERM);
+        let status = output::wait_exit(&mut child, UNMOUNT_LIMIT);
+        let Some(status) = status else {
+            // Put it back so Drop detaches the mount and kills fsd.
+            self.child = Some(child);
+            panic!(
+                "fsd did not exit within {UNMOUNT_LIMIT:?} of SIGTERM; stderr:\n{}",
+                self.stderr()
+            );
+        };
+        assert!(
+            status.success(),
+            "fsd should exit 0 after SIGTERM, but exited with {status}; stderr:\n{}",
+            self.stderr()
+        );
+        let gone = poll_until(Duration::from_secs(10), || {
+            mount_entry(&self.mountpoint).is_none().then_some(())
+        });
+        assert!(
+            gone.is_some(),
+            "fsd exited 0 but {} is still mounted",
+            self.mountpoint.display()
+        );
+        // Drop removes the mountpoint directory.
+    }
+
+    fn describe(&self) -> String {
+        format!("{} {}", self.mountpoint.display(), self.args.join(" "))
+    }
+}
+
+impl Drop for FsdMount {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // Detach first: it also aborts requests stuck in the mount.
+            detach(&self.mountpoint);
+            output::kill_and_reap(&mut child);
+        }
+        if mount_entry(&self.mountpoint).is_some() {
+            detach(&self.mountpoint);
+        }
+        let _ = std::fs::remove_dir(&self.mountpoint);
+    }
+}
+
+/// Best-effort lazy unmount.
+fn detach(mountpoint: &Path) {
+    let quiet = |cmd: &mut Command| {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !quiet(
+        Command::new("fusermount3")
+            .arg("-u")
+            .arg("-z")
+            .arg(mountpoint),
+    ) {
+        quiet(Command::new("umount").arg("-l").arg(mountpoint));
+    }
+}
+
+/// One line of /proc/self/mountinfo, the parts the tests look at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountEntry {
+    pub fstype: String,
+    pub source: String,
+}
+
+impl MountEntry {
+    /// True for an fsd mount. Through fusermount3 (and for a mount(2) that passes the
+    /// subtype) the type reads `fuse.rmemfs`; fuser's own mount(2) as root drops the
+    /// subtype, leaving type `fuse` with source `rmemfs` (fsd's FSName).
+    pub fn is_rmemfs(&self) -> bool {
+        self.fstype == FSTYPE || (self.fstype == "fuse" && self.source == "rmemfs")
+    }
+}
+
+/// What is mounted at `mountpoint` per /proc/self/mountinfo (the last mount there
+/// wins), or None if nothing is.
+pub fn mount_entry(mountpoint: &Path) -> Option<MountEntry> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = mountpoint.to_string_lossy();
+    info.lines().rev().find_map(|line| {
+        // id parent major:minor root MOUNTPOINT options [optional...] - FSTYPE SOURCE superopts
+        let mut fields = line.split(' ');
+        let point = unescape_mountinfo(fields.nth(4)?);
+        let mut rest = fields.skip_while(|f| *f != "-").skip(1);
+        let fstype = rest.next()?.to_string();
+        let source = unescape_mountinfo(rest.next()?);
+        (point == want).then_some(MountEntry { fstype, source })
+    })
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space, ...).
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 4 <= b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = b[i + 1..i + 4]
+                .iter()
+                .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
+            out.push(v as u8);
+            i += 4;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unescape_mountinfo;
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape_mountinfo("/tmp/a\\040b"), "/tmp/a b");
+        assert_eq!(unescape_mountinfo("/plain"), "/plain");
+        assert_eq!(unescape_mountinfo("/odd\\"), "/odd\\");
+    }
+}

@@ -1,0 +1,157 @@
+//! The end-to-end harness: real `memnode` and `fsd` processes, a real FUSE mount, used
+//! the way a program would use it.
+//!
+//! - [`binaries`] finds the binaries under test (`$RMEMFS_BIN_DIR`, else the target
+//!   directory of the running test executable) and panics with a build hint when they
+//!   are missing: a missing binary is a failure, never a skipped test.
+//! - [`MemnodeProc`] starts a memnode on `127.0.0.1:0`, reads its real address from its
+//!   one stdout line, asks it for stats over the control protocol, kills it.
+//! - [`FsdMount`] mounts fsd on a fresh temporary directory, waits for the mount to be
+//!   live, and unmounts with a check that fsd exits 0. Its `Drop` detaches the mount
+//!   and kills fsd, so a failing test never leaves a mount behind.
+//! - [`within`] runs a closure under a time limit: it proves "fails in bounded time"
+//!   rather than hanging the suite.
+//! - [`data`] makes reproducible pseudorandom file contents from a printed seed, reads
+//!   files around the kernel page cache (`O_DIRECT`) and reports the first differing
+//!   offset of a miscompare.
+//!
+//! Every wait is bounded by a deadline; nothing synchronises with a bare sleep.
+
+pub mod binaries;
+pub mod data;
+pub mod fsd;
+pub mod memnode;
+mod output;
+
+pub use data::{Pattern, UncachedReader, MIB};
+pub use fsd::{mount_entry, FsdMount, MountEntry};
+pub use memnode::MemnodeProc;
+
+use std::io;
+use std::sync::{mpsc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Runs `f` on its own thread and returns its result, or panics if it has not finished
+/// within `limit`: a hang becomes a test failure naming `what`. A panic inside `f` is
+/// passed on unchanged. (A thread stuck in a syscall on a dead mount is left behind;
+/// the mount's `Drop` detaches the mount, which ends the syscall.)
+pub fn within<T, F>(limit: Duration, what: &str, f: F) -> T
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel();
+    let handle = std::thread::Builder::new()
+        .name(format!("within {what}"))
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .expect("spawning a thread for a time-limited operation");
+    match rx.recv_timeout(limit) {
+        Ok(v) => {
+            let _ = handle.join();
+            v
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => match handle.join() {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(()) => unreachable!("the closure returned without sending its result"),
+        },
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what} did not finish within {limit:?}: it hangs instead of failing")
+        }
+    }
+}
+
+/// Polls `check` until it returns `Some` or `limit` passes; `None` on timeout. For
+/// conditions another process makes true in its own time (memory given back, a mount
+/// going away); the poll interval is short and the deadline is the bound.
+pub fn poll_until<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = check() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+static HEAVY: Mutex<()> = Mutex::new(());
+
+/// Serialises heavy tests (hundreds of MiB through a mount) inside one test binary:
+/// the CI machine has 2 cores. Hold the guard for the whole test.
+pub fn heavy_test() -> MutexGuard<'static, ()> {
+    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The errno's symbolic name, for failure messages.
+pub fn errno_name(code: i32) -> &'static str {
+    match code {
+        libc::EPERM => "EPERM",
+        libc::ENOENT => "ENOENT",
+        libc::EIO => "EIO",
+        libc::EBADF => "EBADF",
+        libc::EAGAIN => "EAGAIN",
+        libc::ENOMEM => "ENOMEM",
+        libc::EACCES => "EACCES",
+        libc::EEXIST => "EEXIST",
+        libc::ENOTDIR => "ENOTDIR",
+        libc::EISDIR => "EISDIR",
+        libc::EINVAL => "EINVAL",
+        libc::EFBIG => "EFBIG",
+        libc::ENOSPC => "ENOSPC",
+        libc::ENOTEMPTY => "ENOTEMPTY",
+        libc::ENOSYS => "ENOSYS",
+        libc::ENOTCONN => "ENOTCONN",
+        libc::ETIMEDOUT => "ETIMEDOUT",
+        libc::ECONNABORTED => "ECONNABORTED",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        _ => "another errno",
+    }
+}
+
+/// Describes a result's errno for messages: `ok`, or `EIO (5): ...`.
+pub fn describe<T>(r: &io::Result<T>) -> String {
+    match r {
+        Ok(_) => "success".to_string(),
+        Err(e) => match e.raw_os_error() {
+            Some(code) => format!("{} ({code}): {e}", errno_name(code)),
+            None => format!("a non-OS error: {e}"),
+        },
+    }
+}
+
+/// Asserts that `r` failed with exactly `errno`.
+#[track_caller]
+pub fn assert_errno<T>(r: io::Result<T>, errno: i32, what: &str) {
+    let got = r.as_ref().err().and_then(io::Error::raw_os_error);
+    assert_eq!(
+        got,
+        Some(errno),
+        "{what}: expected {} ({errno}), got {}",
+        errno_name(errno),
+        describe(&r)
+    );
+}
+
+/// A fresh, unique directory under the system temp dir (removed by its owner).
+pub fn fresh_dir(prefix: &str) -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let dir =
+            std::env::temp_dir().join(format!("{prefix}-{}-{n}-{nanos:08x}", std::process::id()));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return dir,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => panic!("cannot create a temporary directory {}: {e}", dir.display()),
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! fsx (the Rust `fsx` crate) hammers one file in the mount with random reads, writes,
+//! mmap reads and writes, truncates, fsyncs and reopens, checking every byte it reads
+//! against its own model. The file is larger than fsd's cache, so blocks are evicted
+//! to the memnode and read back from it all the time.
+
+use rmemfs_tests::binaries::fsx;
+use rmemfs_tests::{fresh_dir, heavy_test, FsdMount, MemnodeProc};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const MIN_OPS: u64 = 50_000;
+const TIME_LIMIT: Duration = Duration::from_secs(30 * 60);
+
+/// fsx's settings: an 8 MiB file against a 1 MiB cache, every operation fsx knows that
+/// a POSIX filesystem must support (no fallocate, hole punching or copy_file_range).
+const FSX_CONFIG: &str = r#"
+flen = 8388608
+
+[opsize]
+max = 65536
+min = 0
+align = 1
+
+[weights]
+close_open = 1
+read = 10
+write = 10
+mapread = 10
+mapwrite = 10
+invalidate = 1
+truncate = 5
+fsync = 1
+fdatasync = 1
+sendfile = 1
+posix_fadvise = 1
+"#;
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|s| s.trim().parse().ok())
+}
+
+fn tail(path: &std::path::Path, bytes: usize) -> String {
+    match std::fs::read(path) {
+        Ok(b) => String::from_utf8_lossy(&b[b.len().saturating_sub(bytes)..]).into_owned(),
+        Err(e) => format!("({}: {e})", path.display()),
+    }
+}
+
+#[test]
+fn fsx_runs_50000_operations_on_a_file_larger_than_the_cache_without_a_miscompare() {
+    let _serial = heavy_test();
+    let fsx = fsx();
+    let seed = env_u64("RMEMFS_FSX_SEED").unwrap_or_else(|| rand::random::<u32>().into());
+    let ops = env_u64("RMEMFS_FSX_OPS").unwrap_or(MIN_OPS).max(MIN_OPS);
+    println!("fsx: seed {seed}, {ops} operations (RMEMFS_FSX_SEED={seed} repeats it)");
+
+    let memnode = MemnodeProc::start("256M");
+    let fsd = FsdMount::with_memnode(&memnode, &["--cache", "1M", "--block-size", "64K"]);
+    let work = fresh_dir("rmemfs-fsx");
+    let config = work.join("fsx.toml");
+    std::fs::write(&config, FSX_CONFIG).expect("writing fsx.toml");
+    let (out_path, err_path) = (work.join("fsx.stdout"), work.join("fsx.stderr"));
+    let target = fsd.join("fsx.file");
+
+    let started = Instant::now();
+    let mut child = Command::new(&fsx)
+        .arg("-f")
+        .arg(&config)
+        .arg("-N")
+        .arg(ops.to_string())
+        .arg("-S")
+        .arg(seed.to_string())
+        .arg("-P")
+        .arg(&work)
+        .arg(&target)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path).expect("fsx stdout file"))
+        .stderr(std::fs::File::create(&err_path).expect("fsx stderr file"))
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", fsx.display()));
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for fsx") {
+            break Some(status);
+        }
+        if started.elapsed() > TIME_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let report = || {
+        format!(
+            "fsx stdout:\n{}\nfsx stderr:\n{}\nfsx log (end):\n{}\nfsd stderr:\n{}\n\
+             (artifacts kept in {})",
+            tail(&out_path, 8 << 10),
+            tail(&err_path, 8 << 10),
+            tail(&work.join("fsx.file.fsxlog"), 8 << 10),
+            fsd.stderr(),
+            work.display()
+        )
+    };
+    let Some(status) = status else {
+        panic!(
+            "fsx (seed {seed}) did not finish {ops} operations within {TIME_LIMIT:?}\n{}",
+            report()
+        );
+    };
+    assert!(
+        status.success(),
+        "fsx (seed {seed}) failed with {status} within {ops} operations\n{}",
+        report()
+    );
+    println!(
+        "fsx: {ops} operations passed in {:?}: {}",
+        started.elapsed(),
+        tail(&out_path, 200).trim()
+    );
+    let _ = std::fs::remove_dir_all(&work);
+    fsd.unmount();
+}

@@ -1,0 +1,107 @@
+//! Filling the memnode gives ENOSPC (at write, fsync or close: write-back may defer the
+//! error), and the files written before stay intact.
+
+use rmemfs_tests::{errno_name, heavy_test, within, FsdMount, MemnodeProc, Pattern, MIB};
+use std::fs::OpenOptions;
+use std::io;
+use std::os::unix::io::IntoRawFd;
+use std::path::PathBuf;
+use std::time::Duration;
+
+const FILE_LEN: u64 = 4 * MIB;
+
+/// Writes one whole file, reporting which step failed: the error of write-back may
+/// surface at write(), fsync() or close().
+fn write_file_by_steps(path: PathBuf, pattern: Pattern) -> Result<(), (&'static str, io::Error)> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(|e| ("open", e))?;
+    pattern
+        .write_range(&file, 0, FILE_LEN, |_| {})
+        .map_err(|e| ("write", e))?;
+    file.sync_all().map_err(|e| ("fsync", e))?;
+    let fd = file.into_raw_fd();
+    // SAFETY: `fd` came from into_raw_fd, so it is open and owned by nobody else.
+    if unsafe { libc::close(fd) } != 0 {
+        return Err(("close", io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+#[test]
+fn full_remote_memory_gives_enospc_and_files_written_before_stay_intact() {
+    let _serial = heavy_test();
+    let pattern = Pattern::for_test("full remote memory");
+    let memnode = MemnodeProc::start("64M");
+    let fsd = FsdMount::with_memnode(&memnode, &["--cache", "8M"]);
+
+    let mut written = Vec::new();
+    let mut failure = None;
+    // 64 files of 4 MiB is four times the memnode's 64 MiB.
+    for i in 0..64u64 {
+        let path = fsd.join(format!("f{i:02}"));
+        let p = pattern.derive(i);
+        let r = within(
+            Duration::from_secs(60),
+            &format!("writing file {i}"),
+            move || write_file_by_steps(path, p),
+        );
+        match r {
+            Ok(()) => written.push(i),
+            Err((step, e)) => {
+                failure = Some((i, step, e));
+                break;
+            }
+        }
+    }
+    let Some((failed, step, err)) = failure else {
+        panic!("wrote 256 MiB of files into a 64 MiB memnode without an error");
+    };
+    println!(
+        "file {failed}: {step} failed with {} ({err}) after {} whole files",
+        errno_name(err.raw_os_error().unwrap_or(0)),
+        written.len()
+    );
+    assert_eq!(
+        err.raw_os_error(),
+        Some(libc::ENOSPC),
+        "file {failed}: {step} failed with {err} ({:?}); a full memnode must give ENOSPC",
+        err.raw_os_error()
+    );
+    let stored = written.len() as u64 * FILE_LEN;
+    assert!(
+        stored >= 32 * MIB,
+        "only {} MiB of files fit in a 64 MiB memnode before ENOSPC: expected at least \
+         half of it to be usable",
+        stored / MIB
+    );
+
+    // Everything written and closed before the failure reads back exactly, from the
+    // memnode (the 8 MiB cache holds at most the last two files).
+    for &i in &written {
+        pattern
+            .derive(i)
+            .verify_file(&fsd.join(format!("f{i:02}")), FILE_LEN);
+    }
+
+    // Freeing space makes writing possible again.
+    std::fs::remove_file(fsd.join(format!("f{failed:02}"))).expect("unlink of the failed file");
+    std::fs::remove_file(fsd.join("f00")).expect("unlink of f00");
+    let again = pattern.derive(1000);
+    let path = fsd.join("after");
+    within(
+        Duration::from_secs(60),
+        "writing after freeing space",
+        move || write_file_by_steps(path, again),
+    )
+    .unwrap_or_else(|(step, e)| panic!("after unlinking 8 MiB of files, {step} failed: {e}"));
+    again.verify_file(&fsd.join("after"), FILE_LEN);
+    for &i in written.iter().skip(1) {
+        pattern
+            .derive(i)
+            .verify_file(&fsd.join(format!("f{i:02}")), FILE_LEN);
+    }
+    fsd.unmount();
+}

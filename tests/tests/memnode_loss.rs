@@ -1,0 +1,166 @@
+//! File data lives in the memnode's memory, not in fsd: fsd's RSS stays far below the
+//! file size while the memnode's used bytes cover it. When the memnode is lost, reads
+//! that need it fail with EIO in bounded time, while the namespace (kept by fsd) stays
+//! usable and fsd still unmounts cleanly.
+
+use rmemfs_tests::data::write_small;
+use rmemfs_tests::{
+    assert_errno, describe, heavy_test, within, FsdMount, MemnodeProc, Pattern, UncachedReader, MIB,
+};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The bound on "fails instead of hanging" with `--op-timeout 2`.
+const FAIL_LIMIT: Duration = Duration::from_secs(30);
+
+fn names(dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("readdir {}: {e}", dir.display()))
+        .map(|e| {
+            e.unwrap_or_else(|e| panic!("readdir entry in {}: {e}", dir.display()))
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect()
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+/// Reads `len` bytes at `offset` around the kernel cache, under the time limit, and
+/// returns the result and how long it took.
+fn timed_uncached_read(
+    path: PathBuf,
+    offset: u64,
+    len: usize,
+) -> (std::io::Result<Vec<u8>>, Duration) {
+    within(
+        FAIL_LIMIT,
+        &format!("reading {} at {offset}", path.display()),
+        move || {
+            let t = Instant::now();
+            let r = UncachedReader::open(&path).and_then(|mut r| r.read_at(offset, len));
+            (r, t.elapsed())
+        },
+    )
+}
+
+/// The namespace is fsd's own: with the memnode gone, listing and stat still work.
+fn assert_namespace_usable(fsd: &FsdMount, big_len: u64) {
+    let (root, dir, big) = (fsd.path().to_path_buf(), fsd.join("dir"), fsd.join("big"));
+    let listed = within(FAIL_LIMIT, "listing the mount root", move || names(&root));
+    assert_eq!(listed, set(&["big", "dir"]), "entries of the mount root");
+    let d = dir.clone();
+    let listed = within(FAIL_LIMIT, "listing a subdirectory", move || names(&d));
+    assert_eq!(listed, set(&["small"]), "entries of dir/");
+    let meta = within(FAIL_LIMIT, "stat of the big file", move || {
+        std::fs::metadata(big)
+    });
+    let meta = meta.unwrap_or_else(|e| panic!("stat of big after the memnode was lost: {e}"));
+    assert_eq!(meta.len(), big_len, "size of big");
+    let small = dir.join("small");
+    let meta = within(FAIL_LIMIT, "stat of a small file", move || {
+        std::fs::symlink_metadata(small)
+    });
+    let meta = meta.unwrap_or_else(|e| panic!("stat of dir/small after the memnode was lost: {e}"));
+    assert!(meta.is_file(), "dir/small is a regular file");
+    assert_eq!(meta.len(), 4096, "size of dir/small");
+}
+
+#[test]
+fn file_data_lives_on_the_memnode_and_its_loss_gives_eio_not_a_hang() {
+    let _serial = heavy_test();
+    let pattern = Pattern::for_test("data lives on the memnode");
+    let mut memnode = MemnodeProc::start("512M");
+    let cache = 32 * MIB;
+    let fsd = FsdMount::with_memnode(&memnode, &["--cache", "32M", "--op-timeout", "2"]);
+    std::fs::create_dir(fsd.join("dir")).expect("mkdir dir");
+    write_small(&fsd.join("dir/small"), &[7u8; 4096]);
+
+    let len = 256 * MIB;
+    let path = fsd.join("big");
+    let file = rmemfs_tests::data::create(&path);
+    let mut max_rss = fsd.rss_bytes();
+    pattern
+        .write_range(&file, 0, len, |done| {
+            if done % (16 * MIB) == 0 {
+                max_rss = max_rss.max(fsd.rss_bytes());
+            }
+        })
+        .expect("writing the 256 MiB file");
+    file.sync_all().expect("fsync of the 256 MiB file");
+    drop(file);
+    max_rss = max_rss.max(fsd.rss_bytes());
+    let rss_limit = cache + 64 * MIB;
+    println!(
+        "fsd RSS peaked at {} MiB while writing {} MiB",
+        max_rss / MIB,
+        len / MIB
+    );
+    assert!(
+        max_rss < rss_limit,
+        "fsd's RSS reached {} MiB while writing a {} MiB file with a {} MiB cache: \
+         file data should live on the memnode, not in fsd (limit {} MiB)",
+        max_rss / MIB,
+        len / MIB,
+        cache / MIB,
+        rss_limit / MIB
+    );
+    let stats = memnode.stats();
+    assert!(
+        stats.used >= len,
+        "after fsync of a {len}-byte file the memnode should have at least that many bytes \
+         in use, but reports {stats:?}"
+    );
+
+    // A block written first has long been evicted from fsd's 32 MiB cache.
+    let (r, _) = timed_uncached_read(path.clone(), 0, 64 << 10);
+    let data = r.expect("reading the first block while the memnode is alive");
+    rmemfs_tests::data::assert_bytes_eq(&pattern.bytes(0, 64 << 10), &data, 0, "first block");
+
+    memnode.kill();
+    println!("memnode killed");
+    for offset in [64 * MIB, 128 * MIB + (64 << 10)] {
+        let (r, took_now) = timed_uncached_read(path.clone(), offset, 64 << 10);
+        println!(
+            "read at {offset} after the memnode died: {} in {took_now:?}",
+            describe(&r)
+        );
+        assert_errno(
+            r,
+            libc::EIO,
+            &format!("reading an uncached block at {offset} after the memnode was killed"),
+        );
+    }
+    assert_namespace_usable(&fsd, len);
+    fsd.unmount();
+}
+
+#[test]
+fn a_frozen_memnode_gives_eio_within_the_op_timeout() {
+    let _serial = heavy_test();
+    let pattern = Pattern::for_test("frozen memnode");
+    let memnode = MemnodeProc::start("256M");
+    let fsd = FsdMount::with_memnode(&memnode, &["--cache", "8M", "--op-timeout", "2"]);
+    std::fs::create_dir(fsd.join("dir")).expect("mkdir dir");
+    write_small(&fsd.join("dir/small"), &[7u8; 4096]);
+    let len = 64 * MIB;
+    let path = fsd.join("big");
+    pattern.write_file(&path, len);
+
+    // SIGSTOP: connections stay open but nothing answers, so only fsd's timeout helps.
+    memnode.freeze();
+    let (r, took) = timed_uncached_read(path.clone(), 0, 64 << 10);
+    println!("read from a frozen memnode: {} in {took:?}", describe(&r));
+    assert_errno(
+        r,
+        libc::EIO,
+        "reading an uncached block from a frozen memnode",
+    );
+    assert_namespace_usable(&fsd, len);
+    fsd.unmount();
+    memnode.thaw();
+}
