@@ -228,26 +228,14 @@ impl PageCache {
                 Err(_) => busy.push(v.clone()),
             }
         }
-        let dirty: Vec<usize> = (0..locked.len()).filter(|&i| locked[i].1.dirty).collect();
-        if !dirty.is_empty() {
-            let batch: Vec<(PageKey, &[u8])> = dirty
-                .iter()
-                .map(|&i| (locked[i].0.key, &locked[i].1.buf[..]))
-                .collect();
-            let results = backing.store(&batch);
-            drop(batch);
-            self.counters
-                .writebacks
-                .fetch_add(dirty.len() as u64, Ordering::Relaxed);
-            for (&i, r) in dirty.iter().zip(results) {
-                if let Err(e) = r {
-                    // The backing records the error on the inode for fsync/close to
-                    // report; the page cannot be kept without unbounded memory.
-                    log::error!("write-back of block {:?} failed: {e}", locked[i].0.key);
-                }
-                locked[i].1.dirty = false;
-            }
+        let mut batch: Vec<(PageKey, &mut PageState)> =
+            locked.iter_mut().map(|(p, g)| (p.key, &mut **g)).collect();
+        // A failed write-back is recorded by the backing for fsync/close to report;
+        // the page cannot be kept without unbounded memory, so it goes anyway.
+        if let Err(e) = self.write_back(backing, &mut batch, true) {
+            log::error!("write-back during eviction failed: {e}");
         }
+        drop(batch);
         let mut idx = lock(&self.index);
         let mut evicted = 0;
         for (page, mut state) in locked {
@@ -285,6 +273,40 @@ impl PageCache {
             }
         }
         evicted
+    }
+
+    /// Writes the dirty ones among `pages` (all locked by the caller) back in one
+    /// batch and marks them clean: those that succeeded, or all with
+    /// `clean_on_error`. Returns the first error.
+    fn write_back(
+        &self,
+        backing: &dyn Backing,
+        pages: &mut [(PageKey, &mut PageState)],
+        clean_on_error: bool,
+    ) -> Result<(), FsError> {
+        let dirty: Vec<usize> = (0..pages.len()).filter(|&i| pages[i].1.dirty).collect();
+        if dirty.is_empty() {
+            return Ok(());
+        }
+        let batch: Vec<(PageKey, &[u8])> = dirty
+            .iter()
+            .map(|&i| (pages[i].0, &pages[i].1.buf[..]))
+            .collect();
+        let results = backing.store(&batch);
+        drop(batch);
+        self.counters
+            .writebacks
+            .fetch_add(dirty.len() as u64, Ordering::Relaxed);
+        let mut first_err = Ok(());
+        for (&i, r) in dirty.iter().zip(results) {
+            if r.is_ok() || clean_on_error {
+                pages[i].1.dirty = false;
+            }
+            if let (Err(e), true) = (r, first_err.is_ok()) {
+                first_err = Err(e);
+            }
+        }
+        first_err
     }
 
     /// Runs `f(block index, bytes, dirty)` on the pages of `ino` for every index in
@@ -368,29 +390,14 @@ impl PageCache {
             // `pages_of` returns ascending indices: locking in order is safe.
             let mut guards: Vec<_> = group.iter().map(|p| (p.key, lock(&p.state))).collect();
             // Dead pages were written back by their evictor, or invalidated.
-            let dirty: Vec<usize> = (0..guards.len())
-                .filter(|&i| guards[i].1.dirty && guards[i].1.live)
+            let mut batch: Vec<(PageKey, &mut PageState)> = guards
+                .iter_mut()
+                .filter(|(_, g)| g.live)
+                .map(|(k, g)| (*k, &mut **g))
                 .collect();
-            if dirty.is_empty() {
-                continue;
-            }
-            let batch: Vec<(PageKey, &[u8])> = dirty
-                .iter()
-                .map(|&i| (guards[i].0, &guards[i].1.buf[..]))
-                .collect();
-            let results = backing.store(&batch);
-            drop(batch);
-            self.counters
-                .writebacks
-                .fetch_add(dirty.len() as u64, Ordering::Relaxed);
-            for (&i, r) in dirty.iter().zip(results) {
-                match r {
-                    Ok(()) => guards[i].1.dirty = false,
-                    Err(e) => {
-                        if first_err.is_ok() {
-                            first_err = Err(e);
-                        }
-                    }
+            if let Err(e) = self.write_back(backing, &mut batch, false) {
+                if first_err.is_ok() {
+                    first_err = Err(e);
                 }
             }
         }

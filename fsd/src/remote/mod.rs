@@ -333,22 +333,21 @@ impl RemoteStore {
             }
             let mut ops: Vec<RdmaOp<'_>> = Vec::with_capacity(members.len());
             for io in ios.iter_mut().filter(|io| io.node() == node_idx) {
+                let (ops_counter, bytes_counter) = match io {
+                    BlockIo::Read(..) => (&self.counters.reads, &self.counters.read_bytes),
+                    BlockIo::Write(..) => (&self.counters.writes, &self.counters.write_bytes),
+                };
+                ops_counter.fetch_add(1, Ordering::Relaxed);
                 ops.push(match io {
                     BlockIo::Read(loc, buf) => {
-                        self.counters.reads.fetch_add(1, Ordering::Relaxed);
-                        self.counters
-                            .read_bytes
-                            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+                        bytes_counter.fetch_add(buf.len() as u64, Ordering::Relaxed);
                         RdmaOp::Read {
                             local: buf,
                             remote: loc.remote,
                         }
                     }
                     BlockIo::Write(loc, buf) => {
-                        self.counters.writes.fetch_add(1, Ordering::Relaxed);
-                        self.counters
-                            .write_bytes
-                            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+                        bytes_counter.fetch_add(buf.len() as u64, Ordering::Relaxed);
                         RdmaOp::Write {
                             local: buf,
                             remote: loc.remote,
