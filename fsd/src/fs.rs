@@ -14,7 +14,7 @@
 
 use crate::cache::{Backing, Fill, PageCache, PageKey};
 use crate::error::{FsError, FsResult};
-use crate::inode::{Attr, FileKind, Ino, Inode};
+use crate::inode::{Attr, BlockEntry, FileKind, Ino, Inode};
 use crate::namespace::{DirEntry, Namespace, NewInode, RenameMode};
 use crate::remote::{BlockIo, BlockLoc, RemoteStore};
 use std::ffi::OsStr;
@@ -299,7 +299,7 @@ impl RmemFs {
         };
         // Drop cached pages first (waiting out any write-back in flight), then free.
         self.cache.invalidate(inode.ino, 0);
-        self.remote.free_blocks(blocks.into_values());
+        self.remote.free_blocks(blocks.into_values().map(|e| e.loc));
     }
 
     fn truncate(&self, inode: &Inode, size: u64) -> FsResult<()> {
@@ -338,7 +338,7 @@ impl RmemFs {
                 )?;
             }
             let freed = inode.meta().blocks.split_off(&first_gone);
-            self.remote.free_blocks(freed.into_values());
+            self.remote.free_blocks(freed.into_values().map(|e| e.loc));
         }
         let mut m = inode.meta();
         m.attr.size = size;
@@ -461,12 +461,21 @@ impl RmemFs {
             }
             match self.remote.alloc_block() {
                 Ok(loc) => {
-                    m.blocks.insert(i, loc);
+                    m.blocks.insert(
+                        i,
+                        BlockEntry {
+                            loc,
+                            written: false,
+                        },
+                    );
                     fresh.push(i);
                 }
                 Err(e) => {
-                    let undo: Vec<BlockLoc> =
-                        fresh.iter().filter_map(|i| m.blocks.remove(i)).collect();
+                    let undo: Vec<BlockLoc> = fresh
+                        .iter()
+                        .filter_map(|i| m.blocks.remove(i))
+                        .map(|e| e.loc)
+                        .collect();
                     drop(m);
                     self.remote.free_blocks(undo);
                     return Err(e.into());
@@ -555,6 +564,17 @@ impl RmemFs {
         self.remote.release_all();
     }
 
+    /// Remote memory now holds block `key`'s content (if it still lives at `loc`).
+    fn mark_written(&self, key: PageKey, loc: BlockLoc) {
+        if let Ok(inode) = self.ns.get(key.0) {
+            if let Some(e) = inode.meta().blocks.get_mut(&key.1) {
+                if e.loc == loc {
+                    e.written = true;
+                }
+            }
+        }
+    }
+
     fn record_write_error(&self, key: PageKey, e: &FsError) {
         if let Ok(inode) = self.ns.get(key.0) {
             let mut m = inode.meta();
@@ -567,13 +587,13 @@ impl RmemFs {
 
 impl Backing for RmemFs {
     fn load(&self, pages: &mut [(PageKey, &mut [u8])]) -> Vec<Result<(), FsError>> {
+        // Holes, and blocks whose content never reached remote memory, read as zeros.
         let locs: Vec<Option<BlockLoc>> = pages
             .iter()
             .map(|((ino, idx), _)| {
-                self.ns
-                    .get(*ino)
-                    .ok()
-                    .and_then(|i| i.meta().blocks.get(idx).copied())
+                let inode = self.ns.get(*ino).ok()?;
+                let entry = inode.meta().blocks.get(idx).copied()?;
+                entry.written.then_some(entry.loc)
             })
             .collect();
         let mut results: Vec<Result<(), FsError>> = pages.iter().map(|_| Ok(())).collect();
@@ -585,7 +605,7 @@ impl Backing for RmemFs {
                     ios.push(BlockIo::Read(*l, &mut buf[..]));
                     which.push(n);
                 }
-                None => buf.fill(0), // a hole
+                None => buf.fill(0),
             }
         }
         for (n, r) in which.into_iter().zip(self.remote.execute(&mut ios)) {
@@ -602,19 +622,23 @@ impl Backing for RmemFs {
                 .ns
                 .get(*ino)
                 .ok()
-                .and_then(|i| i.meta().blocks.get(idx).copied());
+                .and_then(|i| i.meta().blocks.get(idx).map(|e| e.loc));
             // No location: the block was truncated away or the file deleted meanwhile.
             if let Some(l) = loc {
                 ios.push(BlockIo::Write(l, buf));
-                which.push(n);
+                which.push((n, l));
             }
         }
         let mut results: Vec<Result<(), FsError>> = pages.iter().map(|_| Ok(())).collect();
-        for (n, r) in which.into_iter().zip(self.remote.execute(&mut ios)) {
-            if let Err(e) = r {
-                let e = FsError::from(e);
-                self.record_write_error(pages[n].0, &e);
-                results[n] = Err(e);
+        for ((n, loc), r) in which.into_iter().zip(self.remote.execute(&mut ios)) {
+            let key = pages[n].0;
+            match r {
+                Ok(()) => self.mark_written(key, loc),
+                Err(e) => {
+                    let e = FsError::from(e);
+                    self.record_write_error(key, &e);
+                    results[n] = Err(e);
+                }
             }
         }
         results

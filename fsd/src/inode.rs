@@ -50,12 +50,24 @@ pub struct Attr {
     pub ctime: SystemTime,
 }
 
+/// One block of a file: where it lives, and whether remote memory holds its content.
+///
+/// A block gets its location when first written, but its remote bytes are undefined
+/// (a reused block holds whatever was there) until its page is written back. Until
+/// then `written` is false and loading the block yields zeros, never remote bytes: a
+/// reader racing the first writer must not pull stale data into the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockEntry {
+    pub loc: BlockLoc,
+    pub written: bool,
+}
+
 /// Everything about an inode that `meta` protects.
 #[derive(Debug)]
 pub struct Meta {
     pub attr: Attr,
     /// Regular files: block index -> remote location. Holes are absent.
-    pub blocks: BTreeMap<u64, BlockLoc>,
+    pub blocks: BTreeMap<u64, BlockEntry>,
     /// Symlinks: the target.
     pub target: Option<PathBuf>,
     /// Extended attributes.

@@ -226,3 +226,38 @@ fn a_failed_eviction_write_back_surfaces_at_the_next_fsync() {
     let err = r.fs.fsync(victim).unwrap_err();
     assert!(matches!(err, FsError::Io(_)), "expected EIO, got {err:?}");
 }
+
+#[test]
+fn a_reader_racing_the_first_write_of_a_reused_block_sees_zeros_not_stale_bytes() {
+    // The interleaving fsx found: a writer has given a block its (reused) remote
+    // location but not yet filled its page, and a reader loads that block first.
+    let r = rig(16 << 20, 4 * BS, 1 << 20);
+    let old = new_file(&r.fs, "old");
+    r.fs.write(old, 0, &vec![0xaa; BS as usize]).unwrap();
+    r.fs.fsync(old).unwrap();
+    // Free the block: its remote memory still holds 0xaa and goes back to the pool.
+    let zero = SetAttr {
+        size: Some(0),
+        ..SetAttr::default()
+    };
+    r.fs.setattr(old, &zero).unwrap();
+
+    let new = new_file(&r.fs, "new");
+    let inode = r.fs.ns.get(new).unwrap();
+    // Extend the file over block 0, then step the writer only as far as allocation.
+    r.fs.setattr(
+        new,
+        &SetAttr {
+            size: Some(BS),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
+    let fresh = r.fs.allocate_blocks(&inode, 0..1).unwrap();
+    assert_eq!(fresh, vec![0], "block 0 is newly allocated");
+    let seen = r.fs.read(new, 0, BS as u32).unwrap();
+    assert!(
+        seen.iter().all(|&b| b == 0),
+        "a block whose content never reached remote memory must read as zeros"
+    );
+}
