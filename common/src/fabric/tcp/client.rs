@@ -335,6 +335,9 @@ impl Endpoint for TcpEndpoint {
 
 impl Drop for TcpEndpoint {
     fn drop(&mut self) {
+        // Closing our own end is not a lost connection: say so before the reader sees
+        // the stream end, so nothing is logged as a failure.
+        lock(&self.shared.dead).get_or_insert_with(|| "closed by this side".to_string());
         // Unblocks the reader thread, which then fails whatever is still pending.
         let _ = self.stream.shutdown(Shutdown::Both);
         if let Some(r) = self.reader.take() {
