@@ -1,0 +1,26 @@
+# shellcheck shell=bash
+# Shared by the Soft-RoCE harness scripts (sourced, not run).
+
+softroce_here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+softroce_repo="$(cd "$softroce_here/../.." && pwd)"
+
+# Fixed guest network identity: guest-init.sh uses the same address, and tests inside
+# the guest read it from $SOFTROCE_IP rather than hard-coding it.
+# shellcheck disable=SC2034 # used by the scripts that source this file
+SOFTROCE_GUEST_IP=10.0.2.15
+
+die() {
+    printf 'softroce: %s\n' "$*" >&2
+    exit 1
+}
+
+# The work dir both scripts agree on: $SOFTROCE_DIR, else <cargo target dir>/softroce,
+# so `cargo clean` also drops the guest and it never lands in git.
+softroce_default_workdir() {
+    local target="${CARGO_TARGET_DIR:-$softroce_repo/target}"
+    case "$target" in
+    /*) ;;
+    *) target="$softroce_repo/$target" ;;
+    esac
+    printf '%s\n' "${SOFTROCE_DIR:-$target/softroce}"
+}
