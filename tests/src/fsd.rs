@@ -42,17 +42,10 @@ impl FsdMount {
             .canonicalize()
             .unwrap_or_else(|e| panic!("canonicalizing {}: {e}", dir.display()));
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let mut child = Command::new(&bin)
-            .arg(&mountpoint)
-            .args(&args)
-            .env("RUST_BACKTRACE", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-        let stdout = output::lines(child.stdout.take().expect("piped stdout"), "fsd");
-        let stderr = Tail::capture(child.stderr.take().expect("piped stderr"), "fsd");
+        let argv: Vec<String> = std::iter::once(mountpoint.to_string_lossy().into_owned())
+            .chain(args.iter().cloned())
+            .collect();
+        let (mut child, stdout, stderr) = output::spawn_daemon(&bin, &argv, "fsd");
         let announced = output::wait_for_line(&mut child, &stdout, MOUNT_LIMIT, |l| {
             l.starts_with("fsd mounted ")
         });

@@ -155,3 +155,16 @@ pub fn fresh_dir(prefix: &str) -> std::path::PathBuf {
         }
     }
 }
+
+/// The names in directory `dir` (without "." and ".."), panicking with the path on error.
+pub fn dir_names(dir: &std::path::Path) -> std::collections::BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("readdir {}: {e}", dir.display()))
+        .map(|e| {
+            e.unwrap_or_else(|e| panic!("readdir entry in {}: {e}", dir.display()))
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect()
+}

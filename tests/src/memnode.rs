@@ -5,7 +5,7 @@ use crate::output::{self, Announce, Tail};
 use rmemfs_common::control;
 use rmemfs_common::fabric::tcp::TcpEndpoint;
 use rmemfs_common::protocol::NodeStats;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus};
 use std::time::Duration;
 
 /// How long a memnode may take to reserve its region and start listening.
@@ -32,17 +32,12 @@ impl MemnodeProc {
     /// harness then presents that token itself).
     pub fn start_with(size: &str, extra: &[&str]) -> MemnodeProc {
         let bin = binary("memnode");
-        let mut child = Command::new(&bin)
-            .args(["--listen", "127.0.0.1:0", "--size", size])
-            .args(extra)
-            .env("RUST_BACKTRACE", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-        let stdout = output::lines(child.stdout.take().expect("piped stdout"), "memnode");
-        let stderr = Tail::capture(child.stderr.take().expect("piped stderr"), "memnode");
+        let argv: Vec<String> = ["--listen", "127.0.0.1:0", "--size", size]
+            .iter()
+            .chain(extra)
+            .map(|a| a.to_string())
+            .collect();
+        let (mut child, stdout, stderr) = output::spawn_daemon(&bin, &argv, "memnode");
         let token = extra
             .iter()
             .position(|a| *a == "--token")

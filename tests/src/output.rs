@@ -2,7 +2,8 @@
 //! lines, stderr as a bounded tail kept for failure messages, signals, bounded waits.
 
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, ExitStatus};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -47,6 +48,26 @@ impl Tail {
         let b = self.buf.lock().unwrap_or_else(|e| e.into_inner());
         String::from_utf8_lossy(&b).into_owned()
     }
+}
+
+/// Starts a daemon with its stdout as a channel of lines and its stderr kept as a
+/// tail for failure messages.
+pub(crate) fn spawn_daemon(
+    bin: &Path,
+    args: &[String],
+    name: &str,
+) -> (Child, Receiver<String>, Tail) {
+    let mut child = Command::new(bin)
+        .args(args)
+        .env("RUST_BACKTRACE", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+    let stdout = lines(child.stdout.take().expect("piped stdout"), name);
+    let stderr = Tail::capture(child.stderr.take().expect("piped stderr"), name);
+    (child, stdout, stderr)
 }
 
 /// Every line a child writes to `stream`, as a channel (closed at EOF).

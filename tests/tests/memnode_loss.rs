@@ -8,23 +8,11 @@ use rmemfs_tests::{
     assert_errno, describe, heavy_test, within, FsdMount, MemnodeProc, Pattern, UncachedReader, MIB,
 };
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// The bound on "fails instead of hanging" with `--op-timeout 2`.
 const FAIL_LIMIT: Duration = Duration::from_secs(30);
-
-fn names(dir: &Path) -> BTreeSet<String> {
-    std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("readdir {}: {e}", dir.display()))
-        .map(|e| {
-            e.unwrap_or_else(|e| panic!("readdir entry in {}: {e}", dir.display()))
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect()
-}
 
 fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| s.to_string()).collect()
@@ -51,10 +39,14 @@ fn timed_uncached_read(
 /// The namespace is fsd's own: with the memnode gone, listing and stat still work.
 fn assert_namespace_usable(fsd: &FsdMount, big_len: u64) {
     let (root, dir, big) = (fsd.path().to_path_buf(), fsd.join("dir"), fsd.join("big"));
-    let listed = within(FAIL_LIMIT, "listing the mount root", move || names(&root));
+    let listed = within(FAIL_LIMIT, "listing the mount root", move || {
+        rmemfs_tests::dir_names(&root)
+    });
     assert_eq!(listed, set(&["big", "dir"]), "entries of the mount root");
     let d = dir.clone();
-    let listed = within(FAIL_LIMIT, "listing a subdirectory", move || names(&d));
+    let listed = within(FAIL_LIMIT, "listing a subdirectory", move || {
+        rmemfs_tests::dir_names(&d)
+    });
     assert_eq!(listed, set(&["small"]), "entries of dir/");
     let meta = within(FAIL_LIMIT, "stat of the big file", move || {
         std::fs::metadata(big)

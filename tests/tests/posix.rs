@@ -22,18 +22,6 @@ fn mount(memnode_size: &str) -> (FsdMount, MemnodeProc) {
     (fsd, memnode)
 }
 
-fn names(dir: &Path) -> BTreeSet<String> {
-    fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("readdir {}: {e}", dir.display()))
-        .map(|e| {
-            e.unwrap_or_else(|e| panic!("readdir entry in {}: {e}", dir.display()))
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect()
-}
-
 fn set<S: AsRef<str>>(items: impl IntoIterator<Item = S>) -> BTreeSet<String> {
     items.into_iter().map(|s| s.as_ref().to_string()).collect()
 }
@@ -102,7 +90,7 @@ fn mkdir_and_rmdir_with_enotempty_eexist_and_enoent() {
         "mkdir under a missing directory",
     );
     assert_eq!(
-        names(fsd.path()),
+        rmemfs_tests::dir_names(fsd.path()),
         set::<&str>([]),
         "the root is empty again"
     );
@@ -118,7 +106,7 @@ fn readdir_lists_exactly_the_entries_with_their_types() {
     fs::create_dir(fsd.join("d")).expect("mkdir d");
     std::os::unix::fs::symlink("a", fsd.join("l")).expect("symlink l");
     assert_eq!(
-        names(fsd.path()),
+        rmemfs_tests::dir_names(fsd.path()),
         set(["a", "b", "c", "d", "l"]),
         "root entries"
     );
@@ -149,10 +137,14 @@ fn readdir_lists_exactly_the_entries_with_their_types() {
     for n in &many {
         fs::File::create(fsd.join("d").join(n)).unwrap_or_else(|e| panic!("create d/{n}: {e}"));
     }
-    assert_eq!(names(&fsd.join("d")), set(&many), "500 entries of d/");
+    assert_eq!(
+        rmemfs_tests::dir_names(&fsd.join("d")),
+        set(&many),
+        "500 entries of d/"
+    );
     fs::remove_file(fsd.join("b")).expect("unlink b");
     assert_eq!(
-        names(fsd.path()),
+        rmemfs_tests::dir_names(fsd.path()),
         set(["a", "c", "d", "l"]),
         "root entries after unlink of b"
     );
@@ -286,7 +278,11 @@ fn rename_moves_a_file_and_replaces_an_existing_one() {
         replaced_ino,
         "b is c's inode now"
     );
-    assert_eq!(names(fsd.path()), set(["b"]), "root after the renames");
+    assert_eq!(
+        rmemfs_tests::dir_names(fsd.path()),
+        set(["b"]),
+        "root after the renames"
+    );
 
     fs::create_dir(fsd.join("d")).expect("mkdir d");
     fs::rename(&b, fsd.join("d/b")).expect("rename into a directory");
@@ -303,7 +299,7 @@ fn rename_moves_a_file_and_replaces_an_existing_one() {
     );
     fs::rename(fsd.join("e"), fsd.join("empty")).expect("rename a directory over an empty one");
     assert_eq!(
-        names(fsd.path()),
+        rmemfs_tests::dir_names(fsd.path()),
         set(["empty"]),
         "root after renaming e over empty"
     );
@@ -330,7 +326,11 @@ fn unlink_removes_the_name_while_an_open_descriptor_keeps_the_data() {
     fs::remove_file(&f).expect("unlink f");
     assert_errno(fs::metadata(&f), libc::ENOENT, "stat after unlink");
     assert_errno(fs::remove_file(&f), libc::ENOENT, "a second unlink");
-    assert_eq!(names(fsd.path()), set::<&str>([]), "root after unlink");
+    assert_eq!(
+        rmemfs_tests::dir_names(fsd.path()),
+        set::<&str>([]),
+        "root after unlink"
+    );
     // POSIX: the data lives on until the last descriptor closes.
     let mut got = vec![0u8; len as usize];
     open.read_exact_at(&mut got, 0)
