@@ -12,15 +12,25 @@
 //! [`FabricError::Timeout`], a peer that goes away into [`FabricError::Disconnected`];
 //! nothing waits forever.
 //!
-//! Backends: [`tcp`] (this module tree) runs the same semantics over TCP for hosts
-//! without RDMA; the memnode side executes READ/WRITE against its region through a
-//! [`MemoryTarget`] that makes the rkey and bounds checks a NIC makes.
+//! On the passive side (memnode) a backend is bound first ([`bind`] gives a
+//! [`Listener`]), which yields the [`MemoryRegistry`]: what the memnode registers its
+//! chunks with, so that one-sided access under each chunk's rkey becomes possible (and
+//! stops again when the chunk is deregistered). Serving then starts with a
+//! [`ControlHandler`] for the two-sided path.
+//!
+//! Backends ([`Transport`]): `verbs` (rdma-sys: RC queue pairs, memory regions, the NIC
+//! does the one-sided path) and `tcp`, the same semantics over TCP for hosts without
+//! RDMA (the server thread plays the NIC, with the same rkey, owner and bounds checks).
 
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 
 pub mod fault;
 pub mod tcp;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 /// A location in a memnode's memory: an address inside an allocation, and the rkey
 /// that allocation was given.
@@ -89,6 +99,13 @@ pub enum FabricError {
     /// A local argument was out of range (e.g. an operation larger than MAX_DATA_OP).
     #[error("invalid operation: {0}")]
     Invalid(String),
+    /// The verbs backend was asked for but this host has no usable RDMA device.
+    #[error("no RDMA device: {0}")]
+    NoDevice(String),
+    /// A local verbs resource (protection domain, memory registration, queue pair,
+    /// completion queue) could not be set up.
+    #[error("{0}")]
+    Local(String),
 }
 
 impl FabricError {
@@ -96,7 +113,9 @@ impl FabricError {
     pub fn is_fatal(&self) -> bool {
         matches!(
             self,
-            FabricError::Disconnected { .. } | FabricError::Connect { .. }
+            FabricError::Disconnected { .. }
+                | FabricError::Connect { .. }
+                | FabricError::NoDevice(_)
         )
     }
 }
@@ -116,6 +135,162 @@ pub trait Endpoint: Send + Sync {
 
     /// False once the connection is known to be gone.
     fn is_connected(&self) -> bool;
+}
+
+/// The passive side's memory registration, what `ibv_reg_mr` is on a NIC: a range of
+/// this process's memory becomes reachable by one-sided READ/WRITE from the
+/// connections of one client (`owner`, the id its Hello carried), under a fresh rkey.
+pub trait MemoryRegistry: Send + Sync {
+    /// Registers `[addr, addr + len)` for remote READ and WRITE by `owner`'s
+    /// connections and returns its rkey.
+    ///
+    /// # Safety
+    /// The range must be memory of this process, mapped readable and writable, and
+    /// stay so until [`MemoryRegistry::deregister`] of the returned rkey has returned:
+    /// the backend reads and writes it at any time until then.
+    unsafe fn register(&self, owner: u64, addr: u64, len: u64) -> Result<u32, FabricError>;
+
+    /// Revokes a registration. When it returns no access under `rkey` is in flight and
+    /// none can start. Unknown rkeys are ignored.
+    fn deregister(&self, rkey: u32);
+}
+
+/// A bound passive side: its address is taken and its memory registry exists, but no
+/// connection is served until [`Listener::serve`].
+pub trait Listener: Send {
+    fn local_addr(&self) -> SocketAddr;
+    fn registry(&self) -> Arc<dyn MemoryRegistry>;
+    /// Starts accepting and serving connections on background threads.
+    fn serve(self: Box<Self>, control: Arc<dyn ControlHandler>) -> std::io::Result<Box<dyn Server>>;
+}
+
+/// A serving passive side. Dropping it shuts it down.
+pub trait Server: Send {
+    fn local_addr(&self) -> SocketAddr;
+    /// Stops accepting, closes every connection and waits until every connection's
+    /// disconnect callback has run. Idempotent.
+    fn shutdown(&mut self);
+}
+
+/// Which backend carries the fabric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// verbs when this host has an RDMA device, tcp otherwise.
+    Auto,
+    Tcp,
+    Verbs,
+}
+
+impl std::str::FromStr for Transport {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Transport, String> {
+        match s {
+            "auto" => Ok(Transport::Auto),
+            "tcp" => Ok(Transport::Tcp),
+            "verbs" => Ok(Transport::Verbs),
+            _ => Err(format!("unknown transport {s:?}: expected auto, verbs or tcp")),
+        }
+    }
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Transport::Auto => "auto",
+            Transport::Tcp => "tcp",
+            Transport::Verbs => "verbs",
+        })
+    }
+}
+
+impl Transport {
+    /// Picks the concrete backend: `Auto` becomes `Verbs` when an RDMA device exists
+    /// and `Tcp` otherwise; `Verbs` without a device is an error naming what is
+    /// missing.
+    pub fn resolve(self) -> Result<Transport, FabricError> {
+        match self {
+            Transport::Tcp => Ok(Transport::Tcp),
+            Transport::Verbs => {
+                verbs_device()?;
+                Ok(Transport::Verbs)
+            }
+            Transport::Auto => Ok(match verbs_device() {
+                Ok(_) => Transport::Verbs,
+                Err(_) => Transport::Tcp,
+            }),
+        }
+    }
+
+    /// Why `auto` picked what it picked, for the log line saying which was chosen.
+    pub fn describe_choice(self) -> String {
+        match verbs_device() {
+            Ok(dev) => format!("{self} (RDMA device {dev})"),
+            Err(e) => format!("{self} ({e})"),
+        }
+    }
+}
+
+/// The name of the first RDMA device, or why there is none.
+pub fn verbs_device() -> Result<String, FabricError> {
+    #[cfg(feature = "verbs")]
+    {
+        verbs::first_device_name()
+    }
+    #[cfg(not(feature = "verbs"))]
+    {
+        Err(FabricError::NoDevice(
+            "this build has no verbs support (built without the `verbs` feature)".into(),
+        ))
+    }
+}
+
+/// Opens the active side of one connection to `peer` ("host:port") as client
+/// `client_id` (verbs puts the queue pair in that client's protection domain on the
+/// memnode; the Hello that follows must name the same client).
+pub fn connect(
+    transport: Transport,
+    peer: &str,
+    client_id: u64,
+    timeout: Duration,
+) -> Result<Box<dyn Endpoint>, FabricError> {
+    match transport.resolve()? {
+        #[cfg(feature = "verbs")]
+        Transport::Verbs => verbs::VerbsEndpoint::connect(peer, client_id, timeout),
+        _ => {
+            let _ = client_id;
+            Ok(Box::new(tcp::TcpEndpoint::connect(peer, timeout)?))
+        }
+    }
+}
+
+/// Binds the passive side to `listen` ("host:port"; port 0 picks a free port).
+pub fn bind(transport: Transport, listen: &str) -> Result<Box<dyn Listener>, FabricError> {
+    match transport.resolve()? {
+        #[cfg(feature = "verbs")]
+        Transport::Verbs => verbs::VerbsListener::bind(listen),
+        _ => Ok(Box::new(tcp::TcpListener::bind(listen)?)),
+    }
+}
+
+/// Tells the fabric that `[ptr, ptr + len)` will serve as local buffers of many
+/// operations (fsd's page cache): verbs registers it once with every protection
+/// domain it uses, so READs land in it and WRITEs send from it without a copy or a
+/// per-operation registration. tcp needs nothing. Buffers outside registered memory
+/// still work (verbs registers them for the one operation).
+///
+/// # Safety
+/// The memory must stay mapped for the rest of the process's life.
+pub unsafe fn register_local(ptr: *mut u8, len: usize) -> Result<(), FabricError> {
+    #[cfg(feature = "verbs")]
+    {
+        // SAFETY: forwarded contract.
+        unsafe { verbs::register_local(ptr, len) }
+    }
+    #[cfg(not(feature = "verbs"))]
+    {
+        let _ = (ptr, len);
+        Ok(())
+    }
 }
 
 /// Why the passive side refused a one-sided access.
