@@ -68,6 +68,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         size: cli.size,
         token: cli.token.map(String::into_bytes),
         huge_pages: cli.huge_pages,
+        // Until --transport exists.
+        transport: rmemfs_common::fabric::Transport::Tcp,
     })
     .with_context(|| format!("starting memnode on {}", cli.listen))?;
     let capacity = node.stats().capacity;
