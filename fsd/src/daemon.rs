@@ -167,6 +167,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             size: opts.embedded_size,
             token: Some(token.clone()),
             huge_pages: false,
+            transport: rmemfs_common::fabric::Transport::Tcp,
         })
         .context("starting the embedded memnode")?;
         log::info!(

@@ -1,46 +1,32 @@
-//! The chunk allocator's books: which ranges of the region are free, and who owns
-//! each allocated chunk under which rkey. Pure logic: no locks, no memory access.
+//! The chunk allocator's books: which ranges of the region are free, and which owner
+//! holds each booked range. Pure logic: no locks, no memory access, no rkeys (those
+//! come from registering a booked range with the fabric, see `pool.rs`).
 //!
 //! Design: free space is a set of extents (`BTreeMap` start -> length). Allocation is
 //! first-fit in address order; sizes are rounded up to the region's page
-//! granularity, so every chunk starts and ends on a page boundary (which lets the
+//! granularity, so every booking starts and ends on a page boundary (which lets the
 //! region zero freed chunks with `madvise`). Freeing coalesces the extent with its
 //! neighbours.
 //!
 //! Invariants (checked by [`ChunkAllocator::check_invariants`] in tests):
-//! - free extents and chunks are page-aligned, lie inside `[base, base + capacity)`,
+//! - free extents and bookings are page-aligned, lie inside `[base, base + capacity)`,
 //!   never overlap, and together tile the whole region;
 //! - no two free extents touch (they would have been coalesced);
-//! - `used` is the sum of chunk lengths;
-//! - every chunk has a non-zero rkey unique among live chunks, drawn from the key
-//!   source (the OS random generator in production), so rkeys cannot be guessed from
-//!   each other.
+//! - `used` is the sum of booking lengths.
 //!
 //! There is deliberately no "free everything of an owner" here: a departed client's
-//! chunks are revoked in the grant table first and freed one by one after zeroing
-//! (see `pool.rs`), so a chunk the same client allocates meanwhile is never swept up.
+//! chunks are deregistered first and freed one by one after zeroing (see `pool.rs`),
+//! so a chunk the same client allocates meanwhile is never swept up.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use thiserror::Error;
 
-/// One allocated chunk: `[addr, addr + len)`, granted to `owner` under `rkey`.
+/// One booked range of the region: `[addr, addr + len)`, held by `owner`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Chunk {
+pub struct Booking {
     pub owner: u64,
     pub addr: u64,
     pub len: u64,
-    pub rkey: u32,
-}
-
-impl Chunk {
-    /// The chunk as the control protocol describes it to its owner.
-    pub fn to_wire(self) -> rmemfs_common::protocol::Allocation {
-        rmemfs_common::protocol::Allocation {
-            addr: self.addr,
-            len: self.len,
-            rkey: self.rkey,
-        }
-    }
 }
 
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
@@ -51,17 +37,9 @@ pub enum AllocError {
     TooLarge { bytes: u64, capacity: u64 },
     #[error("no free range of {need} bytes ({free} bytes free in total)")]
     NoSpace { need: u64, free: u64 },
-    #[error("no allocation at {addr:#x} with rkey {rkey:#x} belongs to this client")]
-    NotFound { addr: u64, rkey: u32 },
-    #[error("no randomness available for a new rkey")]
-    NoKey,
+    #[error("no booking of this owner starts at {addr:#x}")]
+    NotFound { addr: u64 },
 }
-
-/// Where rkeys come from; `None` when no randomness is available.
-pub type KeySource = Box<dyn FnMut() -> Option<u32> + Send>;
-
-/// Tries for a fresh rkey before giving up (a collision is already ~2^-20 likely).
-const KEY_TRIES: usize = 64;
 
 pub struct ChunkAllocator {
     base: u64,
@@ -69,10 +47,9 @@ pub struct ChunkAllocator {
     granularity: u64,
     /// Free extents: start -> length.
     free: BTreeMap<u64, u64>,
-    /// Live chunks by rkey.
-    chunks: HashMap<u32, Chunk>,
+    /// Bookings by start address.
+    booked: BTreeMap<u64, Booking>,
     used: u64,
-    keys: KeySource,
 }
 
 impl std::fmt::Debug for ChunkAllocator {
@@ -82,7 +59,7 @@ impl std::fmt::Debug for ChunkAllocator {
             .field("capacity", &self.capacity)
             .field("granularity", &self.granularity)
             .field("used", &self.used)
-            .field("chunks", &self.chunks.len())
+            .field("bookings", &self.booked.len())
             .field("free_extents", &self.free.len())
             .finish()
     }
@@ -90,19 +67,8 @@ impl std::fmt::Debug for ChunkAllocator {
 
 impl ChunkAllocator {
     /// Books for `[base, base + capacity)` handed out in multiples of `granularity`
-    /// (a power of two), with rkeys from the OS random generator. `capacity` is
-    /// rounded down to whole pages.
+    /// (a power of two). `capacity` is rounded down to whole pages.
     pub fn new(base: u64, capacity: u64, granularity: u64) -> ChunkAllocator {
-        Self::with_keys(
-            base,
-            capacity,
-            granularity,
-            Box::new(|| getrandom::u32().ok()),
-        )
-    }
-
-    /// Like [`ChunkAllocator::new`] with a chosen key source (tests).
-    pub fn with_keys(base: u64, capacity: u64, granularity: u64, keys: KeySource) -> Self {
         let granularity = granularity.max(1);
         // The region must not wrap the address space.
         let capacity = capacity.min(u64::MAX - base);
@@ -116,9 +82,8 @@ impl ChunkAllocator {
             capacity,
             granularity,
             free,
-            chunks: HashMap::new(),
+            booked: BTreeMap::new(),
             used: 0,
-            keys,
         }
     }
 
@@ -126,25 +91,25 @@ impl ChunkAllocator {
         self.capacity
     }
 
-    /// Bytes held by chunks (after rounding).
+    /// Bytes held by bookings (after rounding).
     pub fn used(&self) -> u64 {
         self.used
     }
 
-    /// Live chunks.
+    /// Live bookings.
     pub fn count(&self) -> usize {
-        self.chunks.len()
+        self.booked.len()
     }
 
-    /// The live chunk with this rkey.
+    /// The booking starting at `addr`.
     #[cfg(test)]
-    pub fn get(&self, rkey: u32) -> Option<&Chunk> {
-        self.chunks.get(&rkey)
+    pub fn get(&self, addr: u64) -> Option<&Booking> {
+        self.booked.get(&addr)
     }
 
-    /// Allocates at least `bytes` (rounded up to the granularity) for `owner`: the
-    /// lowest free range that fits, with a fresh rkey.
-    pub fn alloc(&mut self, owner: u64, bytes: u64) -> Result<Chunk, AllocError> {
+    /// Books at least `bytes` (rounded up to the granularity) for `owner`: the lowest
+    /// free range that fits.
+    pub fn alloc(&mut self, owner: u64, bytes: u64) -> Result<Booking, AllocError> {
         if bytes == 0 {
             return Err(AllocError::ZeroSize);
         }
@@ -162,43 +127,31 @@ impl ChunkAllocator {
                 free: self.capacity - self.used,
             });
         };
-        let rkey = self.fresh_key()?;
         self.free.remove(&addr);
         if len > need {
             self.free.insert(addr + need, len - need);
         }
-        let chunk = Chunk {
+        let booking = Booking {
             owner,
             addr,
             len: need,
-            rkey,
         };
-        self.chunks.insert(rkey, chunk);
+        self.booked.insert(addr, booking);
         self.used += need;
-        Ok(chunk)
+        Ok(booking)
     }
 
-    fn fresh_key(&mut self) -> Result<u32, AllocError> {
-        for _ in 0..KEY_TRIES {
-            let k = (self.keys)().ok_or(AllocError::NoKey)?;
-            if k != 0 && !self.chunks.contains_key(&k) {
-                return Ok(k);
-            }
-        }
-        Err(AllocError::NoKey)
-    }
-
-    /// Frees `owner`'s chunk starting at `addr` with `rkey`. Anything else (unknown
-    /// rkey, another start address, another owner) is `NotFound` and changes nothing.
-    pub fn free(&mut self, owner: u64, addr: u64, rkey: u32) -> Result<Chunk, AllocError> {
-        let chunk = match self.chunks.get(&rkey) {
-            Some(c) if c.owner == owner && c.addr == addr => *c,
-            _ => return Err(AllocError::NotFound { addr, rkey }),
+    /// Frees `owner`'s booking starting at `addr`. Anything else (no booking there,
+    /// another owner's) is `NotFound` and changes nothing.
+    pub fn free(&mut self, owner: u64, addr: u64) -> Result<Booking, AllocError> {
+        let booking = match self.booked.get(&addr) {
+            Some(b) if b.owner == owner => *b,
+            _ => return Err(AllocError::NotFound { addr }),
         };
-        self.chunks.remove(&rkey);
-        self.release(chunk.addr, chunk.len);
-        self.used -= chunk.len;
-        Ok(chunk)
+        self.booked.remove(&addr);
+        self.release(booking.addr, booking.len);
+        self.used -= booking.len;
+        Ok(booking)
     }
 
     /// Returns `[addr, addr + len)` to the free extents, merging with neighbours.
@@ -231,7 +184,7 @@ impl ChunkAllocator {
         let end = self.base + self.capacity;
         let mut pieces: Vec<(u64, u64, bool)> =
             self.free_extents().map(|(a, l)| (a, l, true)).collect();
-        pieces.extend(self.chunks.values().map(|c| (c.addr, c.len, false)));
+        pieces.extend(self.booked.values().map(|b| (b.addr, b.len, false)));
         pieces.sort_unstable();
         let mut at = self.base;
         let mut prev_free = false;
@@ -251,13 +204,13 @@ impl ChunkAllocator {
         if at != end {
             return Err(format!("pieces end at {at:#x}, region ends at {end:#x}"));
         }
-        let sum: u64 = self.chunks.values().map(|c| c.len).sum();
+        let sum: u64 = self.booked.values().map(|b| b.len).sum();
         if sum != self.used {
-            return Err(format!("used is {} but chunks hold {sum}", self.used));
+            return Err(format!("used is {} but bookings hold {sum}", self.used));
         }
-        for (k, c) in &self.chunks {
-            if *k == 0 || *k != c.rkey {
-                return Err(format!("chunk {c:?} is filed under rkey {k:#x}"));
+        for (a, b) in &self.booked {
+            if *a != b.addr {
+                return Err(format!("booking {b:?} is filed under {a:#x}"));
             }
         }
         Ok(())

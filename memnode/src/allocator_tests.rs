@@ -10,12 +10,6 @@ fn books(pages: u64) -> ChunkAllocator {
     ChunkAllocator::new(BASE, pages * PAGE, PAGE)
 }
 
-/// A key source that yields `keys` in order, then nothing.
-fn scripted(keys: Vec<u32>) -> KeySource {
-    let mut it = keys.into_iter();
-    Box::new(move || it.next())
-}
-
 fn ok(a: &ChunkAllocator) {
     if let Err(e) = a.check_invariants() {
         panic!("allocator invariant broken: {e}");
@@ -82,7 +76,7 @@ fn first_fit_reuses_the_lowest_hole_that_fits() {
         (x.addr, y.addr, z.addr),
         (BASE, BASE + PAGE, BASE + 3 * PAGE)
     );
-    a.free(1, y.addr, y.rkey).expect("owner frees");
+    a.free(1, y.addr).expect("owner frees");
     let big = a.alloc(1, 3 * PAGE).expect("fits after z");
     assert_eq!(
         big.addr,
@@ -101,9 +95,9 @@ fn first_fit_reuses_the_lowest_hole_that_fits() {
 #[test]
 fn freeing_coalesces_with_both_neighbours() {
     let mut a = books(4);
-    let c: Vec<Chunk> = (0..4).map(|_| a.alloc(7, PAGE).expect("fits")).collect();
+    let c: Vec<Booking> = (0..4).map(|_| a.alloc(7, PAGE).expect("fits")).collect();
     for i in [0, 2, 1, 3] {
-        a.free(7, c[i].addr, c[i].rkey).expect("owner frees");
+        a.free(7, c[i].addr).expect("owner frees");
         ok(&a);
     }
     assert_eq!(a.free_extents().collect::<Vec<_>>(), vec![(BASE, 4 * PAGE)]);
@@ -114,9 +108,9 @@ fn freeing_coalesces_with_both_neighbours() {
 #[test]
 fn fragmented_free_space_is_no_space_for_a_larger_chunk() {
     let mut a = books(4);
-    let c: Vec<Chunk> = (0..4).map(|_| a.alloc(1, PAGE).expect("fits")).collect();
-    a.free(1, c[0].addr, c[0].rkey).expect("frees");
-    a.free(1, c[2].addr, c[2].rkey).expect("frees");
+    let c: Vec<Booking> = (0..4).map(|_| a.alloc(1, PAGE).expect("fits")).collect();
+    a.free(1, c[0].addr).expect("frees");
+    a.free(1, c[2].addr).expect("frees");
     assert_eq!(
         a.alloc(1, 2 * PAGE),
         Err(AllocError::NoSpace {
@@ -133,55 +127,28 @@ fn free_of_anything_but_the_owners_exact_chunk_is_not_found() {
     let mut a = books(8);
     let c = a.alloc(1, PAGE).expect("fits");
     let cases = [
-        ("another owner", 2, c.addr, c.rkey),
-        ("another rkey", 1, c.addr, c.rkey.wrapping_add(1)),
-        ("an address inside", 1, c.addr + 8, c.rkey),
-        ("the next address", 1, c.addr + PAGE, c.rkey),
+        ("another owner", 2, c.addr),
+        ("an address inside", 1, c.addr + 8),
+        ("the next address", 1, c.addr + PAGE),
     ];
-    for (what, owner, addr, rkey) in cases {
+    for (what, owner, addr) in cases {
         assert_eq!(
-            a.free(owner, addr, rkey),
-            Err(AllocError::NotFound { addr, rkey }),
+            a.free(owner, addr),
+            Err(AllocError::NotFound { addr }),
             "free with {what} must be NotFound"
         );
         assert_eq!(
-            a.get(c.rkey),
+            a.get(c.addr),
             Some(&c),
             "free with {what} must change nothing"
         );
     }
-    assert_eq!(a.free(1, c.addr, c.rkey), Ok(c));
+    assert_eq!(a.free(1, c.addr), Ok(c));
     assert_eq!(
-        a.free(1, c.addr, c.rkey),
-        Err(AllocError::NotFound {
-            addr: c.addr,
-            rkey: c.rkey
-        }),
+        a.free(1, c.addr),
+        Err(AllocError::NotFound { addr: c.addr }),
         "a double free must be NotFound"
     );
-    ok(&a);
-}
-
-#[test]
-fn rkeys_skip_zero_and_keys_in_use() {
-    let mut a = ChunkAllocator::with_keys(BASE, 8 * PAGE, PAGE, scripted(vec![0, 5, 5, 0, 7]));
-    assert_eq!(
-        a.alloc(1, 1).expect("fits").rkey,
-        5,
-        "zero is never an rkey"
-    );
-    assert_eq!(
-        a.alloc(1, 1).expect("fits").rkey,
-        7,
-        "a live rkey is never reused"
-    );
-}
-
-#[test]
-fn no_randomness_fails_the_allocation_and_changes_nothing() {
-    let mut a = ChunkAllocator::with_keys(BASE, 8 * PAGE, PAGE, scripted(vec![]));
-    assert_eq!(a.alloc(1, PAGE), Err(AllocError::NoKey));
-    assert_eq!((a.used(), a.count()), (0, 0));
     ok(&a);
 }
 
@@ -191,9 +158,9 @@ fn used_rises_on_alloc_and_falls_on_free() {
     let x = a.alloc(1, 3 * PAGE).expect("fits");
     let y = a.alloc(2, 1).expect("fits");
     assert_eq!(a.used(), 4 * PAGE);
-    a.free(1, x.addr, x.rkey).expect("frees");
+    a.free(1, x.addr).expect("frees");
     assert_eq!(a.used(), PAGE);
-    a.free(2, y.addr, y.rkey).expect("frees");
+    a.free(2, y.addr).expect("frees");
     assert_eq!(a.used(), 0);
 }
 
@@ -214,8 +181,8 @@ fn op(capacity: u64) -> impl Strategy<Value = Op> {
 }
 
 /// The model: live chunks only. First fit is the lowest gap between them that fits.
-fn first_fit(live: &[Chunk], capacity: u64, need: u64) -> Option<u64> {
-    let mut sorted: Vec<&Chunk> = live.iter().collect();
+fn first_fit(live: &[Booking], capacity: u64, need: u64) -> Option<u64> {
+    let mut sorted: Vec<&Booking> = live.iter().collect();
     sorted.sort_by_key(|c| c.addr);
     let mut at = BASE;
     for c in sorted {
@@ -232,7 +199,7 @@ proptest! {
     fn allocator_matches_a_first_fit_model(ops in proptest::collection::vec(op(32 * PAGE), 1..200)) {
         let capacity = 32 * PAGE;
         let mut a = books(32);
-        let mut live: Vec<Chunk> = Vec::new();
+        let mut live: Vec<Booking> = Vec::new();
         for op in ops {
             match op {
                 Op::Alloc { owner, bytes } => {
@@ -247,8 +214,6 @@ proptest! {
                             Some(addr) => {
                                 let c = got.expect("the model found room");
                                 prop_assert_eq!((c.owner, c.addr, c.len), (owner, addr, need));
-                                prop_assert!(c.rkey != 0);
-                                prop_assert!(live.iter().all(|l| l.rkey != c.rkey), "rkey reused");
                                 live.push(c);
                             }
                             None => prop_assert!(
@@ -260,13 +225,13 @@ proptest! {
                 }
                 Op::Free { pick } if !live.is_empty() => {
                     let c = live.swap_remove(pick % live.len());
-                    prop_assert_eq!(a.free(c.owner, c.addr, c.rkey), Ok(c));
+                    prop_assert_eq!(a.free(c.owner, c.addr), Ok(c));
                 }
                 Op::FreeAsStranger { pick } if !live.is_empty() => {
                     let c = live[pick % live.len()];
                     prop_assert_eq!(
-                        a.free(c.owner + 100, c.addr, c.rkey),
-                        Err(AllocError::NotFound { addr: c.addr, rkey: c.rkey })
+                        a.free(c.owner + 100, c.addr),
+                        Err(AllocError::NotFound { addr: c.addr })
                     );
                 }
                 Op::Free { .. } | Op::FreeAsStranger { .. } => {}

@@ -12,12 +12,13 @@
 //! per client id; when the last one closes, all of that client's chunks are revoked,
 //! zeroed and freed.
 //!
-//! Lock order: `clients`, then the grant table (inside `ChunkPool::revoke_all_of`).
-//! Hello and the last-connection revocation both run under `clients`, so a client
-//! reconnecting while it is being reclaimed never loses a chunk it allocates anew.
+//! Lock order: `clients`, then the pool's chunk table and the registry (inside
+//! `ChunkPool::revoke_all_of`). Hello and the last-connection revocation both run
+//! under `clients`, so a client reconnecting while it is being reclaimed never loses
+//! a chunk it allocates anew.
 
 use crate::allocator::AllocError;
-use crate::pool::ChunkPool;
+use crate::pool::{ChunkPool, PoolError};
 use rmemfs_common::fabric::{ConnectionState, ControlHandler, ControlReply};
 use rmemfs_common::protocol::{ErrorCode, NodeStats, ProtocolError, Request, Response};
 use rmemfs_common::size::format_size;
@@ -129,8 +130,12 @@ impl ControlService {
                     Response::Allocated(c.to_wire())
                 }
                 Err(e) => {
-                    log::debug!("client {client:#x}: alloc {bytes} refused: {e}");
-                    Response::error(alloc_error_code(e), e.to_string())
+                    if let PoolError::Register { .. } = e {
+                        log::error!("client {client:#x}: alloc {bytes} failed: {e}");
+                    } else {
+                        log::debug!("client {client:#x}: alloc {bytes} refused: {e}");
+                    }
+                    Response::error(pool_error_code(&e), e.to_string())
                 }
             },
             Request::Free { addr, rkey } => match self.pool.free(client, addr, rkey) {
@@ -138,19 +143,26 @@ impl ControlService {
                     log::debug!("client {client:#x}: freed {:#x}+{:#x}", c.addr, c.len);
                     Response::Freed
                 }
-                Err(e) => Response::error(alloc_error_code(e), e.to_string()),
+                Err(e) => Response::error(pool_error_code(&e), e.to_string()),
             },
             Request::Stat => Response::Stats(self.stats()),
         }
     }
 }
 
-fn alloc_error_code(e: AllocError) -> ErrorCode {
+fn pool_error_code(e: &PoolError) -> ErrorCode {
     match e {
         // More than the capacity can never fit: for the client that is "no space".
-        AllocError::NoSpace { .. } | AllocError::TooLarge { .. } => ErrorCode::NoSpace,
-        AllocError::NotFound { .. } => ErrorCode::NotFound,
-        AllocError::ZeroSize | AllocError::NoKey => ErrorCode::BadRequest,
+        PoolError::Alloc(AllocError::NoSpace { .. } | AllocError::TooLarge { .. }) => {
+            ErrorCode::NoSpace
+        }
+        // The memory exists but cannot be lent (e.g. the NIC cannot register more):
+        // for the client that is no space here either, so it turns to another memnode.
+        PoolError::Register { .. } => ErrorCode::NoSpace,
+        PoolError::Alloc(AllocError::NotFound { .. }) | PoolError::NotFound { .. } => {
+            ErrorCode::NotFound
+        }
+        PoolError::Alloc(AllocError::ZeroSize) => ErrorCode::BadRequest,
     }
 }
 

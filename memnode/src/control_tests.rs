@@ -1,14 +1,14 @@
 //! Unit tests of the control service, fed frames directly (no sockets).
 
 use super::*;
-use crate::access::GrantTable;
 use crate::region::{system_page_size, Region};
+use rmemfs_common::fabric::tcp::TcpRegistry;
 
 const TOKEN: &[u8] = b"s3cret";
 
 fn service(token: Option<&[u8]>) -> ControlService {
     let region = Arc::new(Region::reserve(16 * system_page_size(), false).expect("reserve"));
-    let pool = Arc::new(ChunkPool::new(region, Arc::new(GrantTable::default())));
+    let pool = Arc::new(ChunkPool::new(region, Arc::new(TcpRegistry::new())));
     ControlService::new(pool, token.map(<[u8]>::to_vec), 0xfeed)
 }
 

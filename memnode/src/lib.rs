@@ -3,20 +3,21 @@
 //! A [`Memnode`] reserves the region (`region`), keeps the books of who owns which
 //! chunk of it (`allocator`, `pool`), and serves two paths over the fabric:
 //!
-//! - the one-sided path (`access`), what a NIC does: READ/WRITE straight against
-//!   the region after the rkey, owner and bounds checks;
+//! - the one-sided path, what a NIC does: READ/WRITE straight against registered
+//!   chunks after the rkey, owner and bounds checks. The memnode only registers each
+//!   chunk with the fabric's memory registry (for its owner) and deregisters it on
+//!   free; the backend does the rest (the NIC with verbs, the tcp server with tcp);
 //! - the two-sided path (`control`): Hello, Alloc, Free and Stat.
 //!
-//! The paths share only the grant table (rkey -> chunk). Everything a client sends is
-//! checked before use; a misbehaving client is refused or disconnected and cannot see
-//! or disturb another client's memory. Memory that is free always reads as zero.
+//! Everything a client sends is checked before use; a misbehaving client is refused or
+//! disconnected and cannot see or disturb another client's memory. Memory that is free
+//! always reads as zero.
 //!
 //! fsd embeds a memnode in-process through this API; the `memnode` binary is the same
 //! thing behind a command line.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-mod access;
 mod allocator;
 mod control;
 mod pool;
@@ -24,7 +25,7 @@ mod region;
 
 pub use region::RegionError;
 
-use rmemfs_common::fabric::tcp::TcpServer;
+use rmemfs_common::fabric::{self, FabricError, Server, Transport};
 use rmemfs_common::protocol::{NodeStats, MAX_TOKEN_LEN};
 use rmemfs_common::size::format_size;
 use std::net::SocketAddr;
@@ -42,6 +43,8 @@ pub struct MemnodeConfig {
     pub token: Option<Vec<u8>>,
     /// Try 2 MiB huge pages (falls back to normal pages with a warning).
     pub huge_pages: bool,
+    /// The fabric backend to serve on (`Auto`: verbs when there is an RDMA device).
+    pub transport: Transport,
 }
 
 /// Why a memnode could not start.
@@ -51,12 +54,17 @@ pub enum MemnodeError {
     TokenTooLong { len: usize },
     #[error(transparent)]
     Region(#[from] RegionError),
-    #[error("cannot listen on {listen}: {source}")]
-    Listen {
-        listen: String,
-        #[source]
-        source: std::io::Error,
+    /// The transport asked for cannot be used here (verbs without an RDMA device).
+    #[error("cannot use the {transport} transport: {error}")]
+    Transport {
+        transport: Transport,
+        error: FabricError,
     },
+    /// The fabric could not bind the listen address (the message names it).
+    #[error("{0}")]
+    Bind(FabricError),
+    #[error("cannot start serving: {0}")]
+    Serve(std::io::Error),
     #[error("no randomness for the node id: {0}")]
     Random(String),
 }
@@ -64,21 +72,25 @@ pub enum MemnodeError {
 /// A running memnode: listening, serving connections on background threads.
 /// Shut down by [`Memnode::shutdown`] or on drop.
 pub struct Memnode {
-    server: TcpServer,
+    server: Box<dyn Server>,
     control: Arc<control::ControlService>,
+    transport: Transport,
+    transport_choice: String,
 }
 
 impl std::fmt::Debug for Memnode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Memnode")
             .field("addr", &self.server.local_addr())
+            .field("transport", &self.transport)
             .field("node_id", &self.control.node_id())
             .finish_non_exhaustive()
     }
 }
 
 impl Memnode {
-    /// Reserves the region, binds the listener and starts serving in the background.
+    /// Picks the transport, binds the listener, reserves the region and starts
+    /// serving in the background.
     pub fn start(cfg: MemnodeConfig) -> Result<Memnode, MemnodeError> {
         let token = cfg.token.filter(|t| !t.is_empty());
         if let Some(t) = &token {
@@ -86,20 +98,25 @@ impl Memnode {
                 return Err(MemnodeError::TokenTooLong { len: t.len() });
             }
         }
+        let transport = cfg
+            .transport
+            .resolve()
+            .map_err(|error| MemnodeError::Transport {
+                transport: cfg.transport,
+                error,
+            })?;
+        let transport_choice = transport.describe_choice();
+        log::info!("transport {transport_choice}");
+        let listener = fabric::bind(transport, &cfg.listen).map_err(MemnodeError::Bind)?;
         let region = Arc::new(region::Region::reserve(cfg.size, cfg.huge_pages)?);
-        let grants = Arc::new(access::GrantTable::default());
-        let target = Arc::new(access::RegionTarget::new(region.clone(), grants.clone()));
-        let pool = Arc::new(pool::ChunkPool::new(region.clone(), grants));
+        let pool = Arc::new(pool::ChunkPool::new(region.clone(), listener.registry()));
         let node_id = random_node_id()?;
         let control = Arc::new(control::ControlService::new(pool, token.clone(), node_id));
-        let server = TcpServer::start(&cfg.listen, target, control.clone()).map_err(|source| {
-            MemnodeError::Listen {
-                listen: cfg.listen.clone(),
-                source,
-            }
-        })?;
+        let server = listener
+            .serve(control.clone())
+            .map_err(MemnodeError::Serve)?;
         log::info!(
-            "memnode {node_id:016x} lending {} ({} pages{}) on {}{}",
+            "memnode {node_id:016x} lending {} ({} pages{}) on {} over {transport}{}",
             format_size(region.len()),
             format_size(region.granularity()),
             if region.huge_pages() { ", huge" } else { "" },
@@ -110,12 +127,27 @@ impl Memnode {
                 ""
             }
         );
-        Ok(Memnode { server, control })
+        Ok(Memnode {
+            server,
+            control,
+            transport,
+            transport_choice,
+        })
     }
 
     /// The address actually listened on.
     pub fn local_addr(&self) -> SocketAddr {
         self.server.local_addr()
+    }
+
+    /// The backend actually serving (never `Auto`).
+    pub fn transport(&self) -> Transport {
+        self.transport
+    }
+
+    /// The backend and why it was chosen, e.g. `tcp (no RDMA device: ...)`.
+    pub fn transport_choice(&self) -> &str {
+        &self.transport_choice
     }
 
     /// Capacity and current usage.

@@ -1,17 +1,20 @@
 //! The `memnode` command: lend this host's memory to rmemfs clients until SIGINT or
 //! SIGTERM.
 //!
-//! Stdout carries exactly one line, `memnode listening on <ADDR> capacity <BYTES>`,
-//! printed and flushed once the listener is bound (scripts and tests read the port
-//! from it when listening on port 0). Everything else goes to the log on stderr.
+//! Stdout carries two lines, printed and flushed once the listener is bound:
+//! `memnode transport <BACKEND> (<WHY>)`, then `memnode listening on <ADDR> capacity
+//! <BYTES>` (scripts and tests read the port from the latter when listening on port
+//! 0, so its shape never changes). Everything else goes to the log on stderr.
 
 use clap::Parser;
 use memnode::{Memnode, MemnodeConfig};
+use rmemfs_common::fabric::Transport;
 use rmemfs_common::size::parse_size;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use std::io::Write;
 use std::process::ExitCode;
+use std::str::FromStr;
 
 /// Lends a region of this host's memory to rmemfs clients (fsd).
 #[derive(Debug, Parser)]
@@ -37,6 +40,11 @@ struct Cli {
     /// Back the region with 2 MiB huge pages (falls back to normal pages if none).
     #[arg(long)]
     huge_pages: bool,
+
+    /// Fabric backend: verbs (RDMA), tcp, or auto (verbs when this host has an RDMA
+    /// device, tcp otherwise).
+    #[arg(long, value_name = "auto|verbs|tcp", default_value = "auto", value_parser = Transport::from_str)]
+    transport: Transport,
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -68,17 +76,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         size: cli.size,
         token: cli.token.map(String::into_bytes),
         huge_pages: cli.huge_pages,
+        transport: cli.transport,
     })
     .with_context(|| format!("starting memnode on {}", cli.listen))?;
     let capacity = node.stats().capacity;
     let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "memnode listening on {} capacity {capacity}",
-        node.local_addr()
-    )
-    .and_then(|()| out.flush())
-    .context("writing the listening line to stdout")?;
+    writeln!(out, "memnode transport {}", node.transport_choice())
+        .and_then(|()| {
+            writeln!(
+                out,
+                "memnode listening on {} capacity {capacity}",
+                node.local_addr()
+            )
+        })
+        .and_then(|()| out.flush())
+        .context("writing the listening lines to stdout")?;
     drop(out);
     let signal = signals.forever().next();
     log::info!(

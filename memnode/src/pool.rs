@@ -1,29 +1,91 @@
-//! The chunk pool: the allocator's books, the grant table and the region, kept in step.
+//! The chunk pool: the allocator's books, the fabric's memory registrations and the
+//! region, kept in step.
 //!
-//! Allocating books a chunk in the [`ChunkAllocator`], then grants it (the rkey
-//! becomes usable). Freeing runs the other way, and the order is what keeps the
-//! "free memory reads as zero" invariant without a lock around data copies:
+//! Allocating books a range in the [`ChunkAllocator`], registers it with the fabric's
+//! [`MemoryRegistry`] for its owner (what `ibv_reg_mr` is on a NIC: the rkey comes
+//! from there, and from then on the owner's READs and WRITEs reach the range without
+//! this code), and files the chunk under its rkey in the pool's own table. Freeing
+//! runs the other way, and the order is what keeps the "free memory reads as zero"
+//! invariant without a lock around data copies:
 //!
-//! 1. revoke the grant (`GrantTable::revoke` waits out in-flight READ/WRITEs; it is
-//!    also the arbiter between two racing frees: only one gets the chunk);
-//! 2. zero the chunk (`Region::zero`), which nothing else can reach now: no grant
-//!    covers it and the allocator still books it as in use;
-//! 3. give it back to the allocator, which may hand it out again at once.
+//! 1. take the chunk out of the pool's table: the arbiter between racing frees (only
+//!    one finds it) and the owner check (only the owner's own `(addr, rkey)` matches);
+//! 2. deregister it, which returns once no READ/WRITE under its rkey is in flight and
+//!    none can start;
+//! 3. zero it (`Region::zero`; `MADV_DONTNEED` is fine with verbs too, as no memory
+//!    region pins the pages any more), which nothing else can reach now;
+//! 4. give it back to the allocator, which may hand it out again at once.
 //!
-//! Locks: the allocator mutex and the grant table lock are never held together.
-//! Callers may hold their own locks around `grant`/`revoke` calls (control does, see
-//! `control.rs`), never the other way round.
+//! Every registration the pool makes is deregistered before the pool lets go of the
+//! region: by a free, by [`ChunkPool::revoke_all_of`], or when the pool is dropped.
+//! That is what `register`'s safety contract asks.
+//!
+//! Locks: the allocator mutex and the chunk table mutex are never held together, and
+//! neither is held while calling the registry. Callers may hold their own locks around
+//! pool calls (control does, see `control.rs`), never the other way round.
 
-use crate::access::GrantTable;
-use crate::allocator::{AllocError, Chunk, ChunkAllocator};
+use crate::allocator::{AllocError, Booking, ChunkAllocator};
 use crate::region::Region;
+use rmemfs_common::fabric::{FabricError, MemoryRegistry};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use thiserror::Error;
 
-#[derive(Debug)]
+/// One allocated chunk: `[addr, addr + len)`, registered for `owner` under `rkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Chunk {
+    pub owner: u64,
+    pub addr: u64,
+    pub len: u64,
+    pub rkey: u32,
+}
+
+impl Chunk {
+    fn new(b: Booking, rkey: u32) -> Chunk {
+        Chunk {
+            owner: b.owner,
+            addr: b.addr,
+            len: b.len,
+            rkey,
+        }
+    }
+
+    /// The chunk as the control protocol describes it to its owner.
+    pub fn to_wire(self) -> rmemfs_common::protocol::Allocation {
+        rmemfs_common::protocol::Allocation {
+            addr: self.addr,
+            len: self.len,
+            rkey: self.rkey,
+        }
+    }
+}
+
+/// Why the pool refused an allocation or a free.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum PoolError {
+    #[error(transparent)]
+    Alloc(#[from] AllocError),
+    #[error("no allocation at {addr:#x} with rkey {rkey:#x} belongs to this client")]
+    NotFound { addr: u64, rkey: u32 },
+    #[error("cannot register {len} bytes for remote access: {error}")]
+    Register { len: u64, error: FabricError },
+}
+
 pub struct ChunkPool {
     region: Arc<Region>,
     allocator: Mutex<ChunkAllocator>,
-    grants: Arc<GrantTable>,
+    registry: Arc<dyn MemoryRegistry>,
+    /// Registered chunks by rkey.
+    chunks: Mutex<HashMap<u32, Chunk>>,
+}
+
+impl std::fmt::Debug for ChunkPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChunkPool")
+            .field("region", &self.region)
+            .field("allocator", &self.allocator)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Capacity and usage of the pool.
@@ -34,43 +96,85 @@ pub struct Usage {
     pub chunks: usize,
 }
 
+// Both mutexes are consistent at every unlock point (single inserts and removes), so
+// poisoning is ignored.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl ChunkPool {
-    /// A pool over the whole region; access to granted chunks goes through `grants`.
-    pub fn new(region: Arc<Region>, grants: Arc<GrantTable>) -> ChunkPool {
+    /// A pool over the whole region; chunks become accessible by registering them
+    /// with `registry`.
+    pub fn new(region: Arc<Region>, registry: Arc<dyn MemoryRegistry>) -> ChunkPool {
         let allocator = ChunkAllocator::new(region.base(), region.len(), region.granularity());
         ChunkPool {
             region,
             allocator: Mutex::new(allocator),
-            grants,
+            registry,
+            chunks: Mutex::new(HashMap::new()),
         }
     }
 
-    // The allocator is consistent at every unlock point, so poisoning is ignored.
-    fn books(&self) -> MutexGuard<'_, ChunkAllocator> {
-        self.allocator.lock().unwrap_or_else(|e| e.into_inner())
+    /// Allocates a chunk of at least `bytes` to `owner` and registers it.
+    pub fn alloc(&self, owner: u64, bytes: u64) -> Result<Chunk, PoolError> {
+        let booking = lock(&self.allocator).alloc(owner, bytes)?;
+        // SAFETY: the allocator books only ranges inside the region, a private
+        // read/write mapping that lives as long as `self.region`; the pool deregisters
+        // every rkey it files before it drops its `Arc<Region>` (see the module docs
+        // and `Drop`), and the range is booked to this chunk alone until then.
+        let registered = unsafe { self.registry.register(owner, booking.addr, booking.len) };
+        match registered {
+            Ok(rkey) => {
+                let chunk = Chunk::new(booking, rkey);
+                lock(&self.chunks).insert(rkey, chunk);
+                Ok(chunk)
+            }
+            Err(error) => {
+                // Never reachable, so still zero: straight back to the books.
+                self.release(booking);
+                Err(PoolError::Register {
+                    len: booking.len,
+                    error,
+                })
+            }
+        }
     }
 
-    /// Allocates and grants a chunk of at least `bytes` to `owner`.
-    pub fn alloc(&self, owner: u64, bytes: u64) -> Result<Chunk, AllocError> {
-        let chunk = self.books().alloc(owner, bytes)?;
-        self.grants.grant(chunk);
-        Ok(chunk)
-    }
-
-    /// Frees `owner`'s chunk at `addr` with `rkey`: revoke, zero, release.
-    pub fn free(&self, owner: u64, addr: u64, rkey: u32) -> Result<Chunk, AllocError> {
-        let chunk = self
-            .grants
-            .revoke(owner, addr, rkey)
-            .ok_or(AllocError::NotFound { addr, rkey })?;
+    /// Frees `owner`'s chunk at `addr` with `rkey`: take, deregister, zero, release.
+    pub fn free(&self, owner: u64, addr: u64, rkey: u32) -> Result<Chunk, PoolError> {
+        let chunk = {
+            let mut chunks = lock(&self.chunks);
+            match chunks.get(&rkey) {
+                Some(c) if c.owner == owner && c.addr == addr => chunks.remove(&rkey),
+                _ => None,
+            }
+        }
+        .ok_or(PoolError::NotFound { addr, rkey })?;
+        self.registry.deregister(chunk.rkey);
         self.scrub_and_release(chunk);
         Ok(chunk)
     }
 
-    /// Revokes every grant of `owner` (step 1 for all its chunks); the caller then
-    /// passes the result to [`ChunkPool::release_revoked`].
+    /// Takes every chunk of `owner` out of the table and deregisters it (steps 1 and
+    /// 2 for all of them); returns once none is being accessed. The caller then passes
+    /// the result to [`ChunkPool::release_revoked`].
     pub fn revoke_all_of(&self, owner: u64) -> Vec<Chunk> {
-        self.grants.revoke_all_of(owner)
+        let mine: Vec<Chunk> = {
+            let mut chunks = lock(&self.chunks);
+            let mine: Vec<Chunk> = chunks
+                .values()
+                .filter(|c| c.owner == owner)
+                .copied()
+                .collect();
+            for c in &mine {
+                chunks.remove(&c.rkey);
+            }
+            mine
+        };
+        for c in &mine {
+            self.registry.deregister(c.rkey);
+        }
+        mine
     }
 
     /// Zeroes and releases chunks already revoked; returns the bytes reclaimed.
@@ -78,8 +182,8 @@ impl ChunkPool {
         chunks.iter().map(|&c| self.scrub_and_release(c)).sum()
     }
 
-    /// Steps 2 and 3 for one revoked chunk; returns its length, or 0 if it had to
-    /// be leaked.
+    /// Steps 3 and 4 for one deregistered chunk; returns its length, or 0 if it had
+    /// to be leaked.
     fn scrub_and_release(&self, chunk: Chunk) -> u64 {
         let offset = chunk.addr.wrapping_sub(self.region.base());
         if let Err(e) = self.region.zero(offset, chunk.len) {
@@ -88,17 +192,27 @@ impl ChunkPool {
             log::error!("cannot zero freed chunk {chunk:?} ({e}); leaking it");
             return 0;
         }
-        match self.books().free(chunk.owner, chunk.addr, chunk.rkey) {
-            Ok(_) => chunk.len,
+        self.release(Booking {
+            owner: chunk.owner,
+            addr: chunk.addr,
+            len: chunk.len,
+        })
+    }
+
+    /// Gives a booking back to the allocator; returns its length, or 0 if the books
+    /// did not have it.
+    fn release(&self, b: Booking) -> u64 {
+        match lock(&self.allocator).free(b.owner, b.addr) {
+            Ok(_) => b.len,
             Err(e) => {
-                log::error!("granted chunk {chunk:?} was not in the allocator's books: {e}");
+                log::error!("chunk {b:?} was not in the allocator's books: {e}");
                 0
             }
         }
     }
 
     pub fn usage(&self) -> Usage {
-        let books = self.books();
+        let books = lock(&self.allocator);
         Usage {
             capacity: books.capacity(),
             used: books.used(),
@@ -111,112 +225,16 @@ impl ChunkPool {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::access::RegionTarget;
-    use crate::region::system_page_size;
-    use rmemfs_common::fabric::{AccessError, MemoryTarget};
-
-    fn pool(pages: u64) -> (ChunkPool, RegionTarget) {
-        let region = Arc::new(Region::reserve(pages * system_page_size(), false).expect("reserve"));
-        let grants = Arc::new(GrantTable::default());
-        let target = RegionTarget::new(region.clone(), grants.clone());
-        (ChunkPool::new(region, grants), target)
-    }
-
-    #[test]
-    fn a_freed_chunk_reads_as_zero_for_its_next_owner() {
-        let (p, t) = pool(4);
-        let cap = p.capacity();
-        let a = p.alloc(1, cap).expect("whole region");
-        t.write(1, a.addr, a.rkey, &vec![0xab; cap as usize])
-            .expect("owner writes");
-        p.free(1, a.addr, a.rkey).expect("owner frees");
-        let b = p.alloc(2, cap).expect("whole region again");
-        assert_eq!(b.addr, a.addr, "the same memory must be handed out again");
-        let mut back = vec![0xffu8; cap as usize];
-        t.read(2, b.addr, b.rkey, &mut back)
-            .expect("new owner reads");
-        assert!(
-            back.iter().all(|&x| x == 0),
-            "memory of a freed chunk must read as zero"
-        );
-    }
-
-    #[test]
-    fn a_freed_rkey_no_longer_grants_access() {
-        let (p, t) = pool(4);
-        let a = p.alloc(1, 1).expect("fits");
-        p.free(1, a.addr, a.rkey).expect("frees");
-        assert_eq!(
-            t.read(1, a.addr, a.rkey, &mut [0u8; 4]),
-            Err(AccessError::UnknownKey)
-        );
-        assert_eq!(
-            p.free(1, a.addr, a.rkey),
-            Err(AllocError::NotFound {
-                addr: a.addr,
-                rkey: a.rkey
-            }),
-            "a second free must be NotFound"
-        );
-    }
-
-    #[test]
-    fn revoking_and_releasing_an_owner_reclaims_only_its_chunks() {
-        let (p, t) = pool(8);
-        let page = system_page_size();
-        let mine = [
-            p.alloc(1, page).expect("fits"),
-            p.alloc(1, 2 * page).expect("fits"),
-        ];
-        let theirs = p.alloc(2, page).expect("fits");
-        let revoked = p.revoke_all_of(1);
-        assert_eq!(revoked.len(), 2);
-        assert_eq!(p.release_revoked(&revoked), 3 * page, "3 pages reclaimed");
-        assert_eq!(
-            p.usage().used,
-            page,
-            "only the other owner's page stays used"
-        );
-        for c in mine {
-            assert_eq!(
-                t.read(1, c.addr, c.rkey, &mut [0u8; 1]),
-                Err(AccessError::UnknownKey)
-            );
+impl Drop for ChunkPool {
+    /// The registry may outlive the pool (the fabric holds it), but no registration
+    /// may outlive the region's mapping: deregister whatever is still registered.
+    fn drop(&mut self) {
+        for (rkey, _) in lock(&self.chunks).drain() {
+            self.registry.deregister(rkey);
         }
-        t.write(2, theirs.addr, theirs.rkey, b"ok")
-            .expect("other owner unaffected");
-    }
-
-    #[test]
-    fn frees_racing_with_accesses_never_expose_old_bytes() {
-        let (p, t) = pool(16);
-        let p = Arc::new(p);
-        let t = Arc::new(t);
-        let page = system_page_size() as usize;
-        std::thread::scope(|s| {
-            // Writers fill their own chunks with their id while freeing and
-            // reallocating; readers check a fresh chunk is zero before writing.
-            for owner in 1..=4u64 {
-                let (p, t) = (p.clone(), t.clone());
-                s.spawn(move || {
-                    for _ in 0..200 {
-                        let Ok(c) = p.alloc(owner, page as u64) else {
-                            continue;
-                        };
-                        let mut buf = vec![0xffu8; page];
-                        t.read(owner, c.addr, c.rkey, &mut buf)
-                            .expect("owner reads");
-                        assert!(buf.iter().all(|&b| b == 0), "fresh chunk must be zero");
-                        t.write(owner, c.addr, c.rkey, &vec![owner as u8; page])
-                            .expect("owner writes");
-                        p.free(owner, c.addr, c.rkey).expect("owner frees");
-                    }
-                });
-            }
-        });
-        assert_eq!(p.usage().used, 0);
     }
 }
+
+#[cfg(test)]
+#[path = "pool_tests.rs"]
+mod tests;

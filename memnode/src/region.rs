@@ -14,13 +14,14 @@
 //! RSS falls after frees), anything else, or everything if `madvise` fails, by
 //! writing zeros.
 //!
-//! Access: bytes move in and out with raw pointer copies only; no Rust reference to
-//! mapped memory is ever formed, so concurrent copies never alias a `&mut`. Every
-//! copy is bounds-checked against the mapping. What the region cannot know is whether
-//! a range is granted: callers (the access path) check that, and the pool revokes a
-//! grant (waiting out in-flight copies) before zeroing. Two in-flight copies of one
-//! owner that overlap leave unspecified bytes behind, exactly as two RDMA operations
-//! racing on a NIC do; the bytes are plain `u8`, valid in any state.
+//! Access: clients' bytes move in and out through the fabric, which reads and writes
+//! the chunks the pool registered with it (the NIC with verbs, raw pointer copies in
+//! the tcp backend); no Rust reference to mapped memory is ever formed, so concurrent
+//! copies never alias a `&mut`. The pool deregisters a chunk (which waits out
+//! in-flight accesses) before zeroing it. Two in-flight copies of one owner that
+//! overlap leave unspecified bytes behind, exactly as two RDMA operations racing on a
+//! NIC do; the bytes are plain `u8`, valid in any state. `Region::read` and
+//! `Region::write` exist for tests only.
 
 use std::ptr::{self, NonNull};
 use thiserror::Error;
@@ -153,6 +154,7 @@ impl Region {
     }
 
     /// Copies `dst.len()` bytes at `offset` into `dst`.
+    #[cfg(test)]
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), OutOfRegion> {
         let start = self.check(offset, dst.len())?;
         // SAFETY: `check` proved [start, start + dst.len()) lies inside the live
@@ -165,6 +167,7 @@ impl Region {
     }
 
     /// Copies `src` into the region at `offset`.
+    #[cfg(test)]
     pub fn write(&self, offset: u64, src: &[u8]) -> Result<(), OutOfRegion> {
         let start = self.check(offset, src.len())?;
         // SAFETY: `check` proved [start, start + src.len()) lies inside the live,
@@ -179,7 +182,7 @@ impl Region {
     /// Makes `[offset, offset + len)` read as zero. Whole pages inside the range are
     /// dropped with `madvise(MADV_DONTNEED)` (returning them to the OS); the
     /// unaligned head and tail, or the whole range if madvise fails, are overwritten.
-    /// The caller must own the range exclusively (no grant covers it).
+    /// The caller must own the range exclusively (no registration covers it).
     pub fn zero(&self, offset: u64, len: u64) -> Result<(), OutOfRegion> {
         let len_usize = usize::try_from(len).map_err(|_| OutOfRegion { offset, len })?;
         let start = self.check(offset, len_usize)?;

@@ -1,10 +1,12 @@
-//! The `memnode` binary as scripts use it: the listening line on stdout, signals, and
-//! clear failures for bad arguments and a busy port.
+//! The `memnode` binary as scripts use it: the transport and listening lines on
+//! stdout, signals, and clear failures for bad arguments, a busy port and a transport
+//! this host cannot provide.
 
 mod support;
 
 use rmemfs_common::control::{self, ControlError};
 use rmemfs_common::fabric::tcp::TcpEndpoint;
+use rmemfs_common::fabric::{self, Transport};
 use rmemfs_common::protocol::ErrorCode;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -30,6 +32,9 @@ fn memnode(args: &[&str], token_env: Option<&str>) -> Command {
 struct Running {
     child: Child,
     addr: String,
+    /// The `memnode transport ...` line.
+    transport: String,
+    /// The `memnode listening on ...` line.
     line: String,
 }
 
@@ -40,32 +45,53 @@ impl Drop for Running {
     }
 }
 
-/// Starts the binary and waits (bounded) for its listening line.
+/// Starts the binary over tcp (the tests talk to it with a [`TcpEndpoint`]).
 fn spawn(args: &[&str], token_env: Option<&str>) -> Running {
+    let args: Vec<&str> = args.iter().copied().chain(["--transport", "tcp"]).collect();
+    spawn_as_is(&args, token_env)
+}
+
+/// Starts the binary with exactly `args` and waits (bounded) for its stdout lines:
+/// the transport line, then the listening line.
+fn spawn_as_is(args: &[&str], token_env: Option<&str>) -> Running {
     let mut child = memnode(args, token_env)
         .spawn()
         .expect("the memnode binary starts");
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
+        let mut lines = BufReader::new(stdout).lines();
+        let mut first_two = || Some((lines.next()?.ok()?, lines.next()?.ok()?));
+        let _ = tx.send(first_two());
     });
-    let line = match rx.recv_timeout(TIMEOUT) {
-        Ok(line) => line,
-        Err(_) => {
+    let (transport, line) = match rx.recv_timeout(TIMEOUT) {
+        Ok(Some(lines)) => lines,
+        Ok(None) | Err(_) => {
             let _ = child.kill();
-            panic!("expected a listening line on stdout within {TIMEOUT:?}");
+            let _ = child.wait();
+            panic!(
+                "expected a transport and a listening line on stdout within {TIMEOUT:?}; \
+                 stderr: {}",
+                stderr_of(&mut child)
+            );
         }
     };
+    assert!(
+        transport.starts_with("memnode transport "),
+        "expected `memnode transport ...` first, got {transport:?}"
+    );
     let addr = line
         .split_whitespace()
         .skip_while(|w| *w != "on")
         .nth(1)
         .unwrap_or_else(|| panic!("expected `memnode listening on <ADDR> ...`, got {line:?}"))
         .to_string();
-    Running { child, addr, line }
+    Running {
+        child,
+        addr,
+        transport,
+        line,
+    }
 }
 
 fn wait_exit(child: &mut Child) -> ExitStatus {
@@ -80,6 +106,21 @@ fn wait_exit(child: &mut Child) -> ExitStatus {
         );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
+}
+
+/// Runs the binary with `args` until it exits (bounded); returns its status and
+/// stderr, which must not show a panic.
+fn run_to_exit(args: &[&str]) -> (ExitStatus, String) {
+    let mut child = memnode(args, None)
+        .spawn()
+        .expect("the memnode binary starts");
+    let status = wait_exit(&mut child);
+    let err = stderr_of(&mut child);
+    assert!(
+        !err.contains("panicked"),
+        "memnode {args:?} must not panic: {err}"
+    );
+    (status, err)
 }
 
 fn stderr_of(child: &mut Child) -> String {
@@ -143,9 +184,7 @@ fn the_token_can_come_from_the_environment() {
 #[test]
 fn a_bad_size_is_a_usage_error_with_exit_code_2() {
     for size in ["lots", "12X", "0", "99999999999T"] {
-        let mut child = memnode(&["--size", size], None).spawn().expect("starts");
-        let status = wait_exit(&mut child);
-        let err = stderr_of(&mut child);
+        let (status, err) = run_to_exit(&["--size", size]);
         assert_eq!(
             status.code(),
             Some(2),
@@ -155,10 +194,6 @@ fn a_bad_size_is_a_usage_error_with_exit_code_2() {
             err.contains("--size"),
             "--size {size}: the error must name the option: {err}"
         );
-        assert!(
-            !err.contains("panicked"),
-            "--size {size}: must not panic: {err}"
-        );
     }
 }
 
@@ -166,11 +201,7 @@ fn a_bad_size_is_a_usage_error_with_exit_code_2() {
 fn a_busy_port_fails_with_a_message_and_no_panic() {
     let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = busy.local_addr().expect("addr").to_string();
-    let mut child = memnode(&["--listen", &addr, "--size", "4M"], None)
-        .spawn()
-        .expect("starts");
-    let status = wait_exit(&mut child);
-    let err = stderr_of(&mut child);
+    let (status, err) = run_to_exit(&["--listen", &addr, "--size", "4M", "--transport", "tcp"]);
     assert!(
         !status.success(),
         "listening on a busy port must fail, got {status}"
@@ -179,5 +210,62 @@ fn a_busy_port_fails_with_a_message_and_no_panic() {
         err.contains("cannot listen on"),
         "expected a clear message, got: {err}"
     );
-    assert!(!err.contains("panicked"), "must not panic: {err}");
+}
+
+#[test]
+fn auto_is_the_default_and_says_which_transport_it_picked() {
+    let want = match fabric::verbs_device() {
+        Ok(_) => "verbs",
+        Err(_) => "tcp",
+    };
+    for args in [&["--transport", "auto"][..], &[]] {
+        let mut all = vec!["--listen", "127.0.0.1:0", "--size", "4M"];
+        all.extend(args);
+        let node = spawn_as_is(&all, None);
+        assert!(
+            node.transport
+                .starts_with(&format!("memnode transport {want} (")),
+            "{args:?}: expected auto to pick {want} and say why, got {:?}",
+            node.transport
+        );
+        let ep = fabric::connect(Transport::Auto, &node.addr, 1, TIMEOUT)
+            .expect("a client with --transport auto connects");
+        control::hello(ep.as_ref(), 1, b"").expect("Hello over the chosen transport");
+    }
+}
+
+#[test]
+fn transport_verbs_without_an_rdma_device_fails_naming_the_missing_device() {
+    if let Ok(dev) = fabric::verbs_device() {
+        eprintln!("SKIPPED: this host has RDMA device {dev}, so verbs cannot fail for lack of one");
+        return;
+    }
+    let started = Instant::now();
+    let (status, err) = run_to_exit(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--size",
+        "4M",
+        "--transport",
+        "verbs",
+    ]);
+    assert!(
+        !status.success(),
+        "--transport verbs without a device must fail, got {status} after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        err.contains("no RDMA device"),
+        "the error must name the missing device: {err}"
+    );
+}
+
+#[test]
+fn an_unknown_transport_is_a_usage_error_with_exit_code_2() {
+    let (status, err) = run_to_exit(&["--transport", "bogus"]);
+    assert_eq!(status.code(), Some(2), "expected exit 2, stderr: {err}");
+    assert!(
+        err.contains("--transport") && err.contains("bogus"),
+        "the error must name the option and the value: {err}"
+    );
 }

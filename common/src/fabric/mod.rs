@@ -306,14 +306,6 @@ pub enum AccessError {
     NotAuthenticated,
 }
 
-/// What the passive side exposes to a backend's one-sided path: the memory a NIC
-/// would serve, with the checks a NIC makes (rkey known, range inside the allocation,
-/// allocation owned by the connection's client).
-pub trait MemoryTarget: Send + Sync {
-    fn read(&self, client: u64, addr: u64, rkey: u32, dst: &mut [u8]) -> Result<(), AccessError>;
-    fn write(&self, client: u64, addr: u64, rkey: u32, src: &[u8]) -> Result<(), AccessError>;
-}
-
 /// Per-connection state the control handler keeps on the passive side.
 #[derive(Debug)]
 pub struct ConnectionState {

@@ -26,6 +26,7 @@ fn rig_with_faults(memnode_size: u64, cache: u64, chunk: u64, faults: Arc<Faults
         size: memnode_size,
         token: None,
         huge_pages: false,
+        transport: rmemfs_common::fabric::Transport::Tcp,
     })
     .expect("memnode starts");
     let addr = node.local_addr().to_string();

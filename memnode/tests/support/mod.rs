@@ -6,7 +6,7 @@
 use memnode::{Memnode, MemnodeConfig};
 use rmemfs_common::control;
 use rmemfs_common::fabric::tcp::TcpEndpoint;
-use rmemfs_common::fabric::{Endpoint, FabricError, RdmaOp, RemoteAddr};
+use rmemfs_common::fabric::{Endpoint, FabricError, RdmaOp, RemoteAddr, Transport};
 use rmemfs_common::protocol::Allocation;
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,7 @@ pub fn start_with_token(size: u64, token: Option<&[u8]>) -> Memnode {
         size,
         token: token.map(<[u8]>::to_vec),
         huge_pages: false,
+        transport: Transport::Tcp,
     })
     .expect("a memnode on 127.0.0.1:0 starts")
 }

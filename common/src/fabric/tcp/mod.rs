@@ -5,10 +5,21 @@
 //! 16-byte completion header followed, for READ and RECV, by its payload. Requests carry
 //! a work-request id, so many can be outstanding: the client writes a whole batch,
 //! then a reader thread matches completions to waiters.
+//!
+//! The passive side plays the NIC: a [`TcpListener`] is bound together with its
+//! [`TcpRegistry`] (the table of memory registrations, with the NIC's access checks),
+//! then serves as a [`TcpServer`], whose connection threads execute READ and WRITE
+//! against the registry and hand SENDs to the control handler.
+
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod client;
+pub mod listener;
+pub mod registry;
 pub mod server;
 pub mod wire;
 
 pub use client::TcpEndpoint;
+pub use listener::TcpListener;
+pub use registry::TcpRegistry;
 pub use server::TcpServer;

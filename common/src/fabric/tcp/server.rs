@@ -1,18 +1,19 @@
 //! Passive side of the tcp backend: what a NIC and a control loop do on a memnode.
 //!
 //! Each accepted connection gets a thread that reads request headers and dispatches:
-//! READ and WRITE go straight to the [`MemoryTarget`] (the one-sided path, which makes
-//! the NIC's rkey and bounds checks), SEND goes to the [`ControlHandler`] (the
+//! READ and WRITE go straight to the [`TcpRegistry`] (the one-sided path, which makes
+//! the NIC's rkey, owner and bounds checks), SEND goes to the [`ControlHandler`] (the
 //! two-sided path). The two never meet: control logic never touches data requests.
 //!
 //! Everything read from the socket is hostile until checked: a header with a wrong
 //! magic or unknown op, or a length beyond the limits, closes the connection (the
-//! stream cannot be trusted to resynchronise), an access the target refuses gets an
+//! stream cannot be trusted to resynchronise), an access the registry refuses gets an
 //! error completion. Nothing a client sends can panic the server or touch another
 //! client's memory.
 
+use super::registry::TcpRegistry;
 use super::wire::*;
-use crate::fabric::{AccessError, ConnectionState, ControlHandler, MemoryTarget, MAX_DATA_OP};
+use crate::fabric::{AccessError, ConnectionState, ControlHandler, Server, MAX_DATA_OP};
 use crate::protocol::MAX_CONTROL_FRAME;
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -28,7 +29,7 @@ pub const MAX_CONNECTIONS: usize = 1024;
 pub const FRAME_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 struct Services {
-    target: Arc<dyn MemoryTarget>,
+    registry: Arc<TcpRegistry>,
     control: Arc<dyn ControlHandler>,
     live: AtomicUsize,
     next_conn_id: AtomicU64,
@@ -39,8 +40,8 @@ struct Services {
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
-/// A listening tcp fabric server. Dropping it (or calling [`TcpServer::shutdown`])
-/// stops accepting and closes every connection.
+/// A serving tcp fabric server (started by [`super::TcpListener`]). Dropping it (or
+/// calling [`Server::shutdown`]) stops accepting and closes every connection.
 pub struct TcpServer {
     addr: SocketAddr,
     services: Arc<Services>,
@@ -48,16 +49,15 @@ pub struct TcpServer {
 }
 
 impl TcpServer {
-    /// Binds `listen` ("host:port"; port 0 picks a free one) and starts serving.
-    pub fn start(
-        listen: &str,
-        target: Arc<dyn MemoryTarget>,
+    /// Starts serving connections accepted on `listener` (already bound).
+    pub(super) fn start(
+        listener: TcpListener,
+        registry: Arc<TcpRegistry>,
         control: Arc<dyn ControlHandler>,
     ) -> std::io::Result<TcpServer> {
-        let listener = TcpListener::bind(listen)?;
         let addr = listener.local_addr()?;
         let services = Arc::new(Services {
-            target,
+            registry,
             control,
             live: AtomicUsize::new(0),
             next_conn_id: AtomicU64::new(1),
@@ -75,15 +75,14 @@ impl TcpServer {
             acceptor: Some(acceptor),
         })
     }
+}
 
-    /// The address actually bound (useful with port 0).
-    pub fn local_addr(&self) -> SocketAddr {
+impl Server for TcpServer {
+    fn local_addr(&self) -> SocketAddr {
         self.addr
     }
 
-    /// Stops accepting, closes every connection and waits until every connection's
-    /// disconnect callback has run.
-    pub fn shutdown(&mut self) {
+    fn shutdown(&mut self) {
         if self.services.stopping.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -112,7 +111,7 @@ impl TcpServer {
 
 impl Drop for TcpServer {
     fn drop(&mut self) {
-        self.shutdown();
+        Server::shutdown(self);
     }
 }
 
@@ -280,7 +279,7 @@ fn serve(stream: TcpStream, conn: &mut ConnectionState, s: &Services) -> Result<
                 // Nothing is allocated for a connection that has not said hello.
                 match client_of(conn).and_then(|c| {
                     buf.resize(len, 0);
-                    s.target.read(c, h.addr, h.rkey, &mut buf[..len])
+                    s.registry.read(c, h.addr, h.rkey, &mut buf[..len])
                 }) {
                     Ok(()) => (STATUS_OK, &buf[..len]),
                     Err(e) => (access_status(e), &[]),
@@ -295,7 +294,7 @@ fn serve(stream: TcpStream, conn: &mut ConnectionState, s: &Services) -> Result<
                     Ok(c) => {
                         buf.resize(len, 0);
                         r.rest(&mut buf[..len], "WRITE payload")?;
-                        match s.target.write(c, h.addr, h.rkey, &buf[..len]) {
+                        match s.registry.write(c, h.addr, h.rkey, &buf[..len]) {
                             Ok(()) => (STATUS_OK, &[]),
                             Err(e) => (access_status(e), &[]),
                         }

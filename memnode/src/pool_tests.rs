@@ -1,0 +1,183 @@
+//! The pool against the tcp backend's registry, which plays the NIC: what the owner
+//! reads and writes goes through the same checks a connection's READ and WRITE do.
+
+use super::*;
+use crate::region::system_page_size;
+use rmemfs_common::fabric::tcp::TcpRegistry;
+use rmemfs_common::fabric::AccessError;
+
+fn pool(pages: u64) -> (ChunkPool, Arc<TcpRegistry>) {
+    let region = Arc::new(Region::reserve(pages * system_page_size(), false).expect("reserve"));
+    let registry = Arc::new(TcpRegistry::new());
+    (ChunkPool::new(region, registry.clone()), registry)
+}
+
+#[test]
+fn a_freed_chunk_reads_as_zero_for_its_next_owner() {
+    let (p, nic) = pool(4);
+    let cap = p.capacity();
+    let a = p.alloc(1, cap).expect("whole region");
+    nic.write(1, a.addr, a.rkey, &vec![0xab; cap as usize])
+        .expect("owner writes");
+    p.free(1, a.addr, a.rkey).expect("owner frees");
+    let b = p.alloc(2, cap).expect("whole region again");
+    assert_eq!(b.addr, a.addr, "the same memory must be handed out again");
+    let mut back = vec![0xffu8; cap as usize];
+    nic.read(2, b.addr, b.rkey, &mut back)
+        .expect("new owner reads");
+    assert!(
+        back.iter().all(|&x| x == 0),
+        "memory of a freed chunk must read as zero"
+    );
+}
+
+#[test]
+fn a_freed_rkey_no_longer_grants_access() {
+    let (p, nic) = pool(4);
+    let a = p.alloc(1, 1).expect("fits");
+    p.free(1, a.addr, a.rkey).expect("frees");
+    assert_eq!(
+        nic.read(1, a.addr, a.rkey, &mut [0u8; 4]),
+        Err(AccessError::UnknownKey)
+    );
+    assert_eq!(
+        p.free(1, a.addr, a.rkey),
+        Err(PoolError::NotFound {
+            addr: a.addr,
+            rkey: a.rkey
+        }),
+        "a second free must be NotFound"
+    );
+    assert!(nic.is_empty(), "nothing stays registered");
+}
+
+#[test]
+fn only_the_owners_exact_chunk_can_be_freed() {
+    let (p, nic) = pool(4);
+    let a = p.alloc(1, 1).expect("fits");
+    let cases = [
+        ("another owner", 2, a.addr, a.rkey),
+        ("another rkey", 1, a.addr, a.rkey ^ 1),
+        ("an address inside", 1, a.addr + 8, a.rkey),
+    ];
+    for (what, owner, addr, rkey) in cases {
+        assert_eq!(
+            p.free(owner, addr, rkey),
+            Err(PoolError::NotFound { addr, rkey }),
+            "free with {what} must be NotFound"
+        );
+    }
+    nic.write(1, a.addr, a.rkey, b"mine")
+        .expect("the chunk is still registered");
+    assert_eq!(p.usage().chunks, 1);
+}
+
+#[test]
+fn a_failed_registration_gives_the_chunk_back() {
+    let region = Arc::new(Region::reserve(4 * system_page_size(), false).expect("reserve"));
+    let p = ChunkPool::new(region, Arc::new(TcpRegistry::with_keys(Box::new(|| None))));
+    let got = p.alloc(1, 1);
+    assert!(
+        matches!(got, Err(PoolError::Register { .. })),
+        "expected a registration error, got {got:?}"
+    );
+    assert_eq!(p.usage().used, 0, "the booking must be given back");
+}
+
+#[test]
+fn revoking_and_releasing_an_owner_reclaims_only_its_chunks() {
+    let (p, nic) = pool(8);
+    let page = system_page_size();
+    let mine = [
+        p.alloc(1, page).expect("fits"),
+        p.alloc(1, 2 * page).expect("fits"),
+    ];
+    let theirs = p.alloc(2, page).expect("fits");
+    let revoked = p.revoke_all_of(1);
+    assert_eq!(revoked.len(), 2);
+    assert_eq!(p.release_revoked(&revoked), 3 * page, "3 pages reclaimed");
+    assert_eq!(
+        p.usage().used,
+        page,
+        "only the other owner's page stays used"
+    );
+    for c in mine {
+        assert_eq!(
+            nic.read(1, c.addr, c.rkey, &mut [0u8; 1]),
+            Err(AccessError::UnknownKey)
+        );
+    }
+    nic.write(2, theirs.addr, theirs.rkey, b"ok")
+        .expect("other owner unaffected");
+}
+
+#[test]
+fn dropping_the_pool_deregisters_every_chunk() {
+    let (p, nic) = pool(4);
+    p.alloc(1, 1).expect("fits");
+    p.alloc(2, 1).expect("fits");
+    assert_eq!(nic.len(), 2);
+    drop(p);
+    assert!(
+        nic.is_empty(),
+        "no registration may outlive the region's mapping"
+    );
+}
+
+#[test]
+fn frees_racing_with_accesses_never_expose_old_bytes() {
+    let (p, nic) = pool(16);
+    let p = Arc::new(p);
+    let page = system_page_size() as usize;
+    std::thread::scope(|s| {
+        // Each owner checks a fresh chunk is zero, fills it with its id and frees it,
+        // while the others do the same on neighbouring (and reused) memory.
+        for owner in 1..=4u64 {
+            let (p, nic) = (p.clone(), nic.clone());
+            s.spawn(move || {
+                for _ in 0..200 {
+                    let Ok(c) = p.alloc(owner, page as u64) else {
+                        continue;
+                    };
+                    let mut buf = vec![0xffu8; page];
+                    nic.read(owner, c.addr, c.rkey, &mut buf)
+                        .expect("owner reads");
+                    assert!(buf.iter().all(|&b| b == 0), "fresh chunk must be zero");
+                    nic.write(owner, c.addr, c.rkey, &vec![owner as u8; page])
+                        .expect("owner writes");
+                    p.free(owner, c.addr, c.rkey).expect("owner frees");
+                }
+            });
+        }
+    });
+    assert_eq!(p.usage().used, 0);
+    assert!(nic.is_empty());
+}
+
+#[test]
+fn writes_racing_with_their_chunks_free_never_reach_the_next_owner() {
+    let (p, nic) = pool(1);
+    let page = system_page_size();
+    for round in 0..50 {
+        let c = p.alloc(1, page).expect("the only page");
+        std::thread::scope(|s| {
+            // Writes until the free's deregistration refuses them.
+            s.spawn(|| {
+                while nic
+                    .write(1, c.addr, c.rkey, &vec![0xee; page as usize])
+                    .is_ok()
+                {}
+            });
+            p.free(1, c.addr, c.rkey).expect("owner frees");
+        });
+        let d = p.alloc(2, page).expect("the only page again");
+        let mut back = vec![0xffu8; page as usize];
+        nic.read(2, d.addr, d.rkey, &mut back)
+            .expect("new owner reads");
+        assert!(
+            back.iter().all(|&b| b == 0),
+            "round {round}: a write racing the free must not survive it"
+        );
+        p.free(2, d.addr, d.rkey).expect("frees");
+    }
+}
