@@ -22,7 +22,10 @@
 //! else is locked while holding it. Write-back and loading call the [`Backing`] with
 //! page mutexes held; the backing must not touch the cache.
 
+mod buffers;
+
 use crate::error::FsError;
+use buffers::{PageBuf, Slab};
 use lru::LruCache;
 use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
@@ -64,7 +67,7 @@ pub struct CacheCounters {
 }
 
 struct PageState {
-    buf: Box<[u8]>,
+    buf: PageBuf,
     loaded: bool,
     dirty: bool,
     /// False once the page has left the cache (evicted or invalidated). A thread that
@@ -87,7 +90,7 @@ struct Index {
     evicting: HashMap<PageKey, Arc<Page>>,
     by_inode: HashMap<u64, BTreeSet<u64>>,
     /// Buffers not in any page, ready for reuse.
-    spare: Vec<Box<[u8]>>,
+    spare: Vec<PageBuf>,
     /// Buffers in existence (in pages or spare).
     buffers: usize,
 }
@@ -121,8 +124,8 @@ impl Index {
 }
 
 pub struct PageCache {
-    block_size: usize,
     capacity: usize,
+    slab: Slab,
     index: Mutex<Index>,
     pub counters: CacheCounters,
 }
@@ -132,8 +135,8 @@ impl PageCache {
     pub fn new(capacity_bytes: u64, block_size: usize) -> PageCache {
         let capacity = ((capacity_bytes / block_size as u64) as usize).max(2);
         PageCache {
-            block_size,
             capacity,
+            slab: Slab::new(capacity, block_size),
             index: Mutex::new(Index {
                 lru: LruCache::unbounded(),
                 evicting: HashMap::new(),
@@ -147,6 +150,11 @@ impl PageCache {
 
     pub fn capacity_pages(&self) -> usize {
         self.capacity
+    }
+
+    /// Registers the page buffers with the fabric once (see `buffers`).
+    pub fn register_with_fabric(&self) -> Result<(), rmemfs_common::fabric::FabricError> {
+        self.slab.register_with_fabric()
     }
 
     /// Pages handled per locked group: small enough that a group never holds a large
@@ -180,7 +188,7 @@ impl PageCache {
                     // Under capacity, or nothing left to evict (everything is in flight):
                     // allocate rather than wait, see the module comment.
                     idx.buffers += 1;
-                    Some(vec![0u8; self.block_size].into_boxed_slice())
+                    Some(self.slab.take())
                 } else {
                     None
                 };

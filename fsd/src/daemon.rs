@@ -6,8 +6,7 @@ use crate::fuse::FuseAdapter;
 use crate::remote::{Connector, RemoteConfig, RemoteStore};
 use anyhow::{bail, Context};
 use clap::Parser;
-use rmemfs_common::fabric::tcp::TcpEndpoint;
-use rmemfs_common::fabric::Endpoint;
+use rmemfs_common::fabric::{self, Transport};
 use rmemfs_common::size::{format_size, parse_size};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -56,6 +55,10 @@ pub struct Options {
     /// Seconds between write-backs of all dirty pages.
     #[arg(long, default_value_t = 5.0)]
     pub flush_interval: f64,
+    /// Fabric to the memnodes: verbs (RDMA), tcp, or auto (verbs when this host has
+    /// an RDMA device and the memnode is not on a loopback address, else tcp).
+    #[arg(long, default_value = "auto", value_parser = clap::value_parser!(Transport))]
+    pub transport: Transport,
 }
 
 impl Options {
@@ -162,16 +165,21 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     let _embedded = if memnodes.is_empty() {
         // A private token so no other local process can use the embedded memnode.
         token = format!("{:016x}{:016x}", random_u64(), random_u64()).into_bytes();
+        // Over verbs the embedded memnode listens on the RDMA interface's address
+        // (RoCE cannot reach loopback).
+        let transport = opts.transport.resolve()?;
+        let host = fabric::local_host(transport)
+            .context("the RDMA device's port has no IPv4 address to listen on")?;
         let node = memnode::Memnode::start(memnode::MemnodeConfig {
-            listen: "127.0.0.1:0".into(),
+            listen: format!("{host}:0"),
             size: opts.embedded_size,
             token: Some(token.clone()),
             huge_pages: false,
-            transport: rmemfs_common::fabric::Transport::Tcp,
+            transport,
         })
         .context("starting the embedded memnode")?;
         log::info!(
-            "no --memnode given: embedded memnode of {} on {}",
+            "no --memnode given: embedded memnode of {} on {} over {transport}",
             format_size(opts.embedded_size),
             node.local_addr()
         );
@@ -180,16 +188,25 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     } else {
         None
     };
-    let connector: Box<Connector> = Box::new(move |peer: &str| {
-        TcpEndpoint::connect(peer, timeout).map(|e| Box::new(e) as Box<dyn Endpoint>)
-    });
+    for m in &memnodes {
+        let t = fabric::resolve_for(opts.transport, m)?;
+        log::info!(
+            "memnode {m} over {t} (--transport {}: {})",
+            opts.transport,
+            opts.transport.describe_choice()
+        );
+    }
+    let client_id = random_u64();
+    let transport = opts.transport;
+    let connector: Box<Connector> =
+        Box::new(move |peer: &str| fabric::connect(transport, peer, client_id, timeout));
     let remote = RemoteStore::connect(
         &memnodes,
         &RemoteConfig {
             block_size: opts.block_size,
             chunk_size: opts.chunk_size,
             connections: opts.connections,
-            client_id: random_u64(),
+            client_id,
             token,
         },
         connector.as_ref(),
@@ -203,6 +220,9 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         }
     };
     let fs = Arc::new(RmemFs::new(Arc::new(remote), opts.cache, owner));
+    fs.cache()
+        .register_with_fabric()
+        .context("registering the page cache with the RDMA device")?;
     log::info!(
         "cache {} in {} blocks of {}",
         format_size(opts.cache),

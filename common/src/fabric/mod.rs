@@ -161,7 +161,8 @@ pub trait Listener: Send {
     fn local_addr(&self) -> SocketAddr;
     fn registry(&self) -> Arc<dyn MemoryRegistry>;
     /// Starts accepting and serving connections on background threads.
-    fn serve(self: Box<Self>, control: Arc<dyn ControlHandler>) -> std::io::Result<Box<dyn Server>>;
+    fn serve(self: Box<Self>, control: Arc<dyn ControlHandler>)
+        -> std::io::Result<Box<dyn Server>>;
 }
 
 /// A serving passive side. Dropping it shuts it down.
@@ -188,7 +189,9 @@ impl std::str::FromStr for Transport {
             "auto" => Ok(Transport::Auto),
             "tcp" => Ok(Transport::Tcp),
             "verbs" => Ok(Transport::Verbs),
-            _ => Err(format!("unknown transport {s:?}: expected auto, verbs or tcp")),
+            _ => Err(format!(
+                "unknown transport {s:?}: expected auto, verbs or tcp"
+            )),
         }
     }
 }
@@ -244,6 +247,47 @@ pub fn verbs_device() -> Result<String, FabricError> {
     }
 }
 
+/// True when `hostport` names a loopback address: RoCE (Soft-RoCE included) cannot
+/// route to loopback, so verbs needs the RDMA interface's own address instead.
+fn is_loopback(hostport: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    hostport
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .is_some_and(|a| a.ip().is_loopback())
+}
+
+/// The backend for a connection to or a listener on `hostport`: like
+/// [`Transport::resolve`], except that `auto` uses tcp for loopback addresses (which
+/// RoCE cannot reach), and `verbs` on a loopback address is an error saying so.
+pub fn resolve_for(transport: Transport, hostport: &str) -> Result<Transport, FabricError> {
+    match transport {
+        Transport::Auto if is_loopback(hostport) => Ok(Transport::Tcp),
+        Transport::Verbs if is_loopback(hostport) => {
+            verbs_device()?;
+            Err(FabricError::Invalid(format!(
+                "{hostport} is a loopback address, which RDMA over Ethernet cannot reach; \
+                 use the address of the RDMA device's network interface{}",
+                local_host(Transport::Verbs)
+                    .map(|h| format!(" ({h})"))
+                    .unwrap_or_default()
+            )))
+        }
+        t => t.resolve(),
+    }
+}
+
+/// An address of this host that `transport` can reach itself on (for the embedded
+/// memnode): loopback for tcp, the RDMA interface's IPv4 address for verbs.
+pub fn local_host(transport: Transport) -> Option<String> {
+    match transport {
+        #[cfg(feature = "verbs")]
+        Transport::Verbs => verbs::device_ipv4().map(|ip| ip.to_string()),
+        _ => Some("127.0.0.1".into()),
+    }
+}
+
 /// Opens the active side of one connection to `peer` ("host:port") as client
 /// `client_id` (verbs puts the queue pair in that client's protection domain on the
 /// memnode; the Hello that follows must name the same client).
@@ -253,7 +297,7 @@ pub fn connect(
     client_id: u64,
     timeout: Duration,
 ) -> Result<Box<dyn Endpoint>, FabricError> {
-    match transport.resolve()? {
+    match resolve_for(transport, peer)? {
         #[cfg(feature = "verbs")]
         Transport::Verbs => verbs::VerbsEndpoint::connect(peer, client_id, timeout),
         _ => {
@@ -265,7 +309,7 @@ pub fn connect(
 
 /// Binds the passive side to `listen` ("host:port"; port 0 picks a free port).
 pub fn bind(transport: Transport, listen: &str) -> Result<Box<dyn Listener>, FabricError> {
-    match transport.resolve()? {
+    match resolve_for(transport, listen)? {
         #[cfg(feature = "verbs")]
         Transport::Verbs => verbs::VerbsListener::bind(listen),
         _ => Ok(Box::new(tcp::TcpListener::bind(listen)?)),

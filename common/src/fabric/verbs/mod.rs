@@ -11,10 +11,10 @@
 //! data, so the memnode can place the queue pair in the client's protection domain.
 
 pub mod client;
-pub mod local;
-pub mod messages;
+mod local;
+mod messages;
 pub mod server;
-pub mod sys;
+mod sys;
 
 pub use client::VerbsEndpoint;
 pub use local::register_local;
@@ -34,5 +34,25 @@ pub fn first_device_name() -> Result<String, FabricError> {
              --transport tcp"
                 .into(),
         )
+    })
+}
+
+/// The IPv4 address of the first RDMA device's port 1, from its GID table (RoCE v2
+/// GIDs of IPv4 interfaces are IPv4-mapped IPv6 addresses): the address this host
+/// reaches itself on over verbs.
+pub fn device_ipv4() -> Option<std::net::Ipv4Addr> {
+    let dev = sys::device_names().into_iter().next()?;
+    let dir = format!("/sys/class/infiniband/{dev}/ports/1/gids");
+    let mut entries: Vec<_> = std::fs::read_dir(dir).ok()?.flatten().collect();
+    entries.sort_by_key(|e| {
+        e.file_name()
+            .to_string_lossy()
+            .parse::<u32>()
+            .unwrap_or(u32::MAX)
+    });
+    entries.iter().find_map(|e| {
+        let text = std::fs::read_to_string(e.path()).ok()?;
+        let ip: std::net::Ipv6Addr = text.trim().parse().ok()?;
+        ip.to_ipv4_mapped().filter(|v4| !v4.is_unspecified())
     })
 }

@@ -187,7 +187,6 @@ impl EventChannel {
             };
             CmEvent {
                 id: e.id,
-                listen_id: e.listen_id,
                 event: e.event,
                 status: e.status,
                 private,
@@ -212,7 +211,6 @@ impl Drop for EventChannel {
 /// What the backend keeps of an rdma_cm event after acknowledging it.
 pub struct CmEvent {
     pub id: *mut rdma_cm_id,
-    pub listen_id: *mut rdma_cm_id,
     pub event: rdma_cm_event_type::Type,
     pub status: i32,
     pub private: Vec<u8>,
