@@ -231,7 +231,10 @@ impl Inner {
     /// outstanding work request completes.
     fn kill(&self, st: &mut State, reason: String) {
         if st.dead.is_none() {
-            log::warn!("verbs connection to {}: {reason}", self.peer);
+            // Flushes after this side closed are expected, not news.
+            if !self.stop.load(Ordering::SeqCst) {
+                log::warn!("verbs connection to {}: {reason}", self.peer);
+            }
             st.dead = Some(reason);
             self.id.fail_qp();
         }

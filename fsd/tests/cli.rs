@@ -1,0 +1,46 @@
+//! fsd's command line: transport selection fails clearly, never with a panic.
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn fsd(args: &[&str]) -> (Output, Duration) {
+    let dir = std::env::temp_dir().join(format!("fsd-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mountpoint");
+    let start = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_fsd"))
+        .arg(&dir)
+        .args(args)
+        .output()
+        .expect("run fsd");
+    (out, start.elapsed())
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn verbs_without_an_rdma_device_fails_at_once_naming_the_device() {
+    if let Ok(dev) = rmemfs_common::fabric::verbs_device() {
+        println!("SKIPPED: this host has RDMA device {dev}; the no-device error cannot occur");
+        return;
+    }
+    for extra in [&[][..], &["--memnode", "192.0.2.1:7070"][..]] {
+        let mut args = vec!["--transport", "verbs"];
+        args.extend_from_slice(extra);
+        let (out, took) = fsd(&args);
+        let err = stderr(&out);
+        assert!(!out.status.success(), "fsd {args:?} must fail: {err}");
+        assert!(err.contains("no RDMA device"), "fsd {args:?}: {err}");
+        assert!(!err.contains("panicked"), "fsd {args:?} panicked: {err}");
+        assert!(took < Duration::from_secs(10), "fsd {args:?} took {took:?}");
+    }
+}
+
+#[test]
+fn an_unknown_transport_is_a_usage_error() {
+    let (out, _) = fsd(&["--transport", "carrier-pigeon"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("unknown transport"), "{err}");
+}
