@@ -13,6 +13,7 @@ use crate::binaries::{binary, require_fuse};
 use crate::memnode::MemnodeProc;
 use crate::output::{self, Announce, Tail};
 use crate::poll_until;
+use crate::transport::{self, Transport};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -33,15 +34,41 @@ pub struct FsdMount {
 }
 
 impl FsdMount {
-    /// `fsd MOUNTPOINT ARGS...` on a fresh temporary mountpoint.
+    /// `fsd MOUNTPOINT --transport T ARGS...` on a fresh temporary mountpoint, T being
+    /// what `RMEMFS_TRANSPORT` names (it also carries fsd's embedded memnode when ARGS
+    /// name no `--memnode`). `--op-timeout $RMEMFS_TEST_OP_TIMEOUT` is added when that
+    /// is set and ARGS have no `--op-timeout`.
     pub fn start(args: &[&str]) -> FsdMount {
+        FsdMount::launch(transport::transport(), false, args)
+    }
+
+    /// As [`FsdMount::start`] on `transport` whatever `RMEMFS_TRANSPORT` says.
+    pub fn start_on(transport: Transport, args: &[&str]) -> FsdMount {
+        FsdMount::launch(transport, true, args)
+    }
+
+    fn launch(transport: Transport, fixed: bool, test_args: &[&str]) -> FsdMount {
         require_fuse();
+        let given = |flag: &str| {
+            test_args
+                .iter()
+                .any(|a| *a == flag || a.starts_with(&format!("{flag}=")))
+        };
+        assert!(
+            !given("--transport"),
+            "pass the transport to FsdMount::start_on, not as an argument"
+        );
+        transport::announce(transport, fixed, "fsd");
         let bin = binary("fsd");
         let dir = crate::fresh_dir("rmemfs-mnt");
         let mountpoint = dir
             .canonicalize()
             .unwrap_or_else(|e| panic!("canonicalizing {}: {e}", dir.display()));
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let mut args: Vec<String> = vec!["--transport".to_string(), transport.to_string()];
+        if let Some(t) = transport::op_timeout().filter(|_| !given("--op-timeout")) {
+            args.extend(["--op-timeout".to_string(), t]);
+        }
+        args.extend(test_args.iter().map(|a| a.to_string()));
         let argv: Vec<String> = std::iter::once(mountpoint.to_string_lossy().into_owned())
             .chain(args.iter().cloned())
             .collect();
@@ -68,7 +95,7 @@ impl FsdMount {
             Announce::Exited(status) => panic!(
                 "fsd {} exited ({status}) before mounting; stderr:\n{}",
                 mount.describe(),
-                mount.stderr()
+                mount.stderr.final_text()
             ),
             Announce::TimedOut => panic!(
                 "fsd {} printed no `fsd mounted` line within {MOUNT_LIMIT:?}; stderr:\n{}",
@@ -87,11 +114,13 @@ impl FsdMount {
         mount
     }
 
-    /// `fsd MOUNTPOINT --memnode ADDR ARGS...`.
+    /// `fsd MOUNTPOINT --transport T --memnode ADDR ARGS...`, T being the memnode's
+    /// own transport.
     pub fn with_memnode(memnode: &MemnodeProc, args: &[&str]) -> FsdMount {
         let mut all = vec!["--memnode", memnode.addr()];
         all.extend_from_slice(args);
-        FsdMount::start(&all)
+        let t = memnode.transport();
+        FsdMount::launch(t, t != transport::transport(), &all)
     }
 
     /// The mountpoint.
@@ -153,7 +182,7 @@ impl FsdMount {
         assert!(
             status.success(),
             "fsd should exit 0 after SIGTERM, but exited with {status}; stderr:\n{}",
-            self.stderr()
+            self.stderr.final_text()
         );
         let gone = poll_until(Duration::from_secs(10), || {
             mount_entry(&self.mountpoint).is_none().then_some(())

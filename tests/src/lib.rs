@@ -4,8 +4,13 @@
 //! - [`binaries`] finds the binaries under test (`$RMEMFS_BIN_DIR`, else the target
 //!   directory of the running test executable) and panics with a build hint when they
 //!   are missing: a missing binary is a failure, never a skipped test.
-//! - [`MemnodeProc`] starts a memnode on `127.0.0.1:0`, reads its real address from its
-//!   one stdout line, asks it for stats over the control protocol, kills it.
+//! - [`transport`] reads `RMEMFS_TRANSPORT` (`tcp` when unset, `verbs`, `auto`): every
+//!   memnode and fsd the harness starts gets `--transport` with it, so the same tests
+//!   run over both fabric backends (scripts/softroce/e2e.sh runs them over verbs in a
+//!   Soft-RoCE guest). Each test prints which transport it used.
+//! - [`MemnodeProc`] starts a memnode on a free port (of `127.0.0.1` unless
+//!   `RMEMFS_TEST_LISTEN` says otherwise), reads its real address from its one stdout
+//!   line, asks it for stats over the control protocol, kills it.
 //! - [`FsdMount`] mounts fsd on a fresh temporary directory, waits for the mount to be
 //!   live, and unmounts with a check that fsd exits 0. Its `Drop` detaches the mount
 //!   and kills fsd, so a failing test never leaves a mount behind.
@@ -22,10 +27,12 @@ pub mod data;
 pub mod fsd;
 pub mod memnode;
 mod output;
+pub mod transport;
 
 pub use data::{Pattern, UncachedReader, MIB};
 pub use fsd::{mount_entry, FsdMount, MountEntry};
 pub use memnode::MemnodeProc;
+pub use transport::Transport;
 
 use std::io;
 use std::sync::{mpsc, Mutex, MutexGuard};

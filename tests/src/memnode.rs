@@ -2,8 +2,10 @@
 
 use crate::binaries::binary;
 use crate::output::{self, Announce, Tail};
+use crate::transport::{self, Transport};
 use rmemfs_common::control;
 use rmemfs_common::fabric::tcp::TcpEndpoint;
+use rmemfs_common::fabric::{self as fabric, Endpoint};
 use rmemfs_common::protocol::NodeStats;
 use std::process::{Child, ExitStatus};
 use std::time::Duration;
@@ -13,9 +15,10 @@ const START_LIMIT: Duration = Duration::from_secs(30);
 /// Timeout of the control connections the harness makes.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A running memnode listening on a free loopback port. Dropping it kills it.
+/// A running memnode listening on a free port. Dropping it kills it.
 pub struct MemnodeProc {
     child: Child,
+    transport: Transport,
     addr: String,
     capacity: u64,
     token: Vec<u8>,
@@ -23,7 +26,9 @@ pub struct MemnodeProc {
 }
 
 impl MemnodeProc {
-    /// `memnode --listen 127.0.0.1:0 --size SIZE` (SIZE like `64M`).
+    /// `memnode --transport T --listen HOST:0 --size SIZE` (SIZE like `64M`), on the
+    /// transport `RMEMFS_TRANSPORT` names and the host of
+    /// [`transport::listen_host`] (127.0.0.1 unless the environment says otherwise).
     pub fn start(size: &str) -> MemnodeProc {
         MemnodeProc::start_with(size, &[])
     }
@@ -31,12 +36,38 @@ impl MemnodeProc {
     /// As [`MemnodeProc::start`], with extra arguments (e.g. `["--token", "t"]`; the
     /// harness then presents that token itself).
     pub fn start_with(size: &str, extra: &[&str]) -> MemnodeProc {
+        MemnodeProc::launch(transport::transport(), false, size, extra)
+    }
+
+    /// As [`MemnodeProc::start_with`] on `transport` whatever `RMEMFS_TRANSPORT` says:
+    /// for tests that only make sense on one backend (raw TCP bytes to the memnode).
+    pub fn start_on(transport: Transport, size: &str, extra: &[&str]) -> MemnodeProc {
+        MemnodeProc::launch(transport, true, size, extra)
+    }
+
+    fn launch(transport: Transport, fixed: bool, size: &str, extra: &[&str]) -> MemnodeProc {
+        assert!(
+            !extra
+                .iter()
+                .any(|a| *a == "--transport" || a.starts_with("--transport=")),
+            "pass the transport to MemnodeProc::start_on, not as an extra argument"
+        );
+        transport::announce(transport, fixed, "memnode");
         let bin = binary("memnode");
-        let argv: Vec<String> = ["--listen", "127.0.0.1:0", "--size", size]
-            .iter()
-            .chain(extra)
-            .map(|a| a.to_string())
-            .collect();
+        let listen = transport::listen_arg(transport);
+        let transport_name = transport.to_string();
+        let argv: Vec<String> = [
+            "--transport",
+            &transport_name,
+            "--listen",
+            &listen,
+            "--size",
+            size,
+        ]
+        .iter()
+        .chain(extra)
+        .map(|a| a.to_string())
+        .collect();
         let (mut child, stdout, stderr) = output::spawn_daemon(&bin, &argv, "memnode");
         let token = extra
             .iter()
@@ -49,13 +80,13 @@ impl MemnodeProc {
         }) {
             Announce::Line(l) => l,
             Announce::Exited(status) => panic!(
-                "memnode --size {size} exited ({status}) before it listened; stderr:\n{}",
-                stderr.text()
+                "memnode --transport {transport} --size {size} exited ({status}) before it listened; stderr:\n{}",
+                stderr.final_text()
             ),
             Announce::TimedOut => {
                 output::kill_and_reap(&mut child);
                 panic!(
-                    "memnode --size {size} printed no `memnode listening on` line within \
+                    "memnode --transport {transport} --size {size} printed no `memnode listening on` line within \
                      {START_LIMIT:?}; stderr:\n{}",
                     stderr.text()
                 )
@@ -70,6 +101,7 @@ impl MemnodeProc {
         });
         MemnodeProc {
             child,
+            transport,
             addr,
             capacity,
             token,
@@ -77,9 +109,14 @@ impl MemnodeProc {
         }
     }
 
-    /// The address it listens on, `127.0.0.1:PORT`.
+    /// The address it listens on, `HOST:PORT`.
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// The transport it was started with (what fsd and the harness's clients use).
+    pub fn transport(&self) -> Transport {
+        self.transport
     }
 
     /// The capacity it announced, in bytes.
@@ -96,9 +133,32 @@ impl MemnodeProc {
         self.stderr.text()
     }
 
-    /// A well-behaved client: a connected endpoint that has said Hello with a fresh
-    /// random client id (returned beside it).
-    pub fn client(&self) -> (TcpEndpoint, u64) {
+    /// A well-behaved client on the memnode's transport: a connected endpoint that has
+    /// said Hello with a fresh random client id (returned beside it).
+    pub fn client(&self) -> (Box<dyn Endpoint>, u64) {
+        let id = rand::random::<u64>();
+        let ep =
+            fabric::connect(self.transport, &self.addr, id, CONTROL_TIMEOUT).unwrap_or_else(|e| {
+                panic!(
+                    "connecting to memnode {} over {}: {e}",
+                    self.addr, self.transport
+                )
+            });
+        control::hello(&*ep, id, &self.token)
+            .unwrap_or_else(|e| panic!("hello to memnode {} refused: {e}", self.addr));
+        (ep, id)
+    }
+
+    /// As [`MemnodeProc::client`], as the tcp backend's own endpoint type (for tests
+    /// that speak the tcp wire format); panics unless the memnode runs on tcp.
+    pub fn tcp_client(&self) -> (TcpEndpoint, u64) {
+        assert_eq!(
+            self.transport,
+            Transport::Tcp,
+            "tcp_client() on a memnode started with --transport {}: start it with \
+             MemnodeProc::start_on(Transport::Tcp, ..)",
+            self.transport
+        );
         let ep = TcpEndpoint::connect(&self.addr, CONTROL_TIMEOUT)
             .unwrap_or_else(|e| panic!("connecting to memnode {}: {e}", self.addr));
         let id = rand::random::<u64>();
@@ -111,7 +171,7 @@ impl MemnodeProc {
     /// memory).
     pub fn stats(&self) -> NodeStats {
         let (ep, _) = self.client();
-        control::stat(&ep).unwrap_or_else(|e| panic!("stat of memnode {}: {e}", self.addr))
+        control::stat(&*ep).unwrap_or_else(|e| panic!("stat of memnode {}: {e}", self.addr))
     }
 
     /// True while the process runs.

@@ -4,6 +4,7 @@
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,12 +16,16 @@ const TAIL_BYTES: usize = 64 << 10;
 #[derive(Clone)]
 pub(crate) struct Tail {
     buf: Arc<Mutex<Vec<u8>>>,
+    /// Set when the stream reached its end (the child closed it, normally by exiting).
+    eof: Arc<AtomicBool>,
 }
 
 impl Tail {
     pub(crate) fn capture(stream: impl Read + Send + 'static, name: &str) -> Tail {
         let buf = Arc::new(Mutex::new(Vec::new()));
         let sink = buf.clone();
+        let eof = Arc::new(AtomicBool::new(false));
+        let at_end = eof.clone();
         std::thread::Builder::new()
             .name(format!("{name} stderr"))
             .spawn(move || {
@@ -28,7 +33,10 @@ impl Tail {
                 let mut chunk = [0u8; 8192];
                 loop {
                     match stream.read(&mut chunk) {
-                        Ok(0) | Err(_) => return,
+                        Ok(0) | Err(_) => {
+                            at_end.store(true, Ordering::Release);
+                            return;
+                        }
                         Ok(n) => {
                             let mut b = sink.lock().unwrap_or_else(|e| e.into_inner());
                             b.extend_from_slice(&chunk[..n]);
@@ -41,7 +49,18 @@ impl Tail {
                 }
             })
             .expect("spawning a stderr reader");
-        Tail { buf }
+        Tail { buf, eof }
+    }
+
+    /// The text once the child has exited: waits (at most 2 s) for the reader to reach
+    /// the end of the stream, so the last words of a child that died at start-up (its
+    /// error message) are in it.
+    pub(crate) fn final_text(&self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !self.eof.load(Ordering::Acquire) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.text()
     }
 
     pub(crate) fn text(&self) -> String {

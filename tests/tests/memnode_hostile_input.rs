@@ -2,6 +2,10 @@
 //! protocol version, accesses before Hello, wrong rkeys and out-of-bounds addresses.
 //! Each gets an error or a closed connection, never a crash or a hang, and never
 //! touches memory it has no right to; a well-behaved client keeps working throughout.
+//!
+//! tcp only, whatever RMEMFS_TRANSPORT says: the hostile peers speak raw bytes of the
+//! tcp backend's wire format (over verbs the NIC checks rkeys and bounds; the wrong-rkey
+//! check over verbs is in common/tests/fabric.rs).
 
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
@@ -14,7 +18,7 @@ use rmemfs_common::fabric::tcp::TcpEndpoint;
 use rmemfs_common::fabric::{Endpoint, FabricError, RdmaOp, RemoteAddr};
 use rmemfs_common::protocol::{Allocation, ErrorCode, Request, Response};
 use rmemfs_tests::data::assert_bytes_eq;
-use rmemfs_tests::{MemnodeProc, Pattern};
+use rmemfs_tests::{MemnodeProc, Pattern, Transport};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::time::Duration;
@@ -186,7 +190,7 @@ struct GoodClient {
 
 impl GoodClient {
     fn new(memnode: &MemnodeProc, pattern: Pattern) -> GoodClient {
-        let (ep, _) = memnode.client();
+        let (ep, _) = memnode.tcp_client();
         let alloc = control::alloc(&ep, ALLOC).expect("a good client's Alloc");
         assert!(alloc.len >= ALLOC, "asked {ALLOC} bytes, got {alloc:?}");
         let mut c = GoodClient {
@@ -235,7 +239,7 @@ impl GoodClient {
 #[test]
 fn hostile_frames_get_an_error_or_a_closed_connection_while_a_good_client_keeps_working() {
     let pattern = Pattern::for_test("hostile frames");
-    let mut memnode = MemnodeProc::start("64M");
+    let mut memnode = MemnodeProc::start_on(Transport::Tcp, "64M", &[]);
     let addr = memnode.addr().to_string();
     let mut good = GoodClient::new(&memnode, pattern);
 
@@ -388,9 +392,9 @@ fn assert_remote_access<T: std::fmt::Debug>(r: Result<T, FabricError>, what: &st
 #[test]
 fn access_with_a_wrong_rkey_or_outside_an_allocation_fails_and_touches_nothing() {
     let pattern = Pattern::for_test("remote access errors");
-    let memnode = MemnodeProc::start("64M");
-    let (a_ep, _) = memnode.client();
-    let (b_ep, _) = memnode.client();
+    let memnode = MemnodeProc::start_on(Transport::Tcp, "64M", &[]);
+    let (a_ep, _) = memnode.tcp_client();
+    let (b_ep, _) = memnode.tcp_client();
     let a = control::alloc(&a_ep, ALLOC).expect("client A's first Alloc");
     let a2 = control::alloc(&a_ep, ALLOC).expect("client A's second Alloc");
     let b = control::alloc(&b_ep, ALLOC).expect("client B's Alloc");

@@ -1,0 +1,119 @@
+//! Which fabric backend the daemons under test use, chosen by the environment so the
+//! same tests run over tcp on any host and over verbs where there is an RDMA device
+//! (scripts/softroce/e2e.sh runs them inside a qemu guest with Soft-RoCE).
+//!
+//! - `RMEMFS_TRANSPORT`: `tcp` (the default when unset or empty), `verbs` or `auto`.
+//!   Every memnode and fsd the harness starts gets `--transport <it>` (fsd also for its
+//!   embedded memnode), and the harness's own control connections use the same one.
+//!   Tests that are tcp-only by nature (raw TCP bytes to a memnode) ask for
+//!   [`Transport::Tcp`] explicitly with [`crate::MemnodeProc::start_on`].
+//! - `RMEMFS_TEST_LISTEN`: the address memnodes listen on, `HOST` or `HOST:PORT` (the
+//!   port is ignored: each memnode takes a free one). Default `127.0.0.1`; for verbs,
+//!   `$SOFTROCE_IP` when that is set (rdma_cm needs an address on the RDMA netdev).
+//! - `RMEMFS_TEST_OP_TIMEOUT`: seconds, passed to fsd as `--op-timeout` unless the test
+//!   gives its own (emulated RDMA is slow and jittery; fsd's default is 5 s).
+//!
+//! The first daemon a test starts prints one line saying which transport it runs on.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+
+pub use rmemfs_common::fabric::Transport;
+
+/// The transport `RMEMFS_TRANSPORT` asks for; panics on a value that is not one.
+pub fn transport() -> Transport {
+    match std::env::var("RMEMFS_TRANSPORT") {
+        Ok(v) if !v.trim().is_empty() => v.trim().parse().unwrap_or_else(|e| {
+            panic!("RMEMFS_TRANSPORT={v:?}: {e}");
+        }),
+        Ok(_) | Err(std::env::VarError::NotPresent) => Transport::Tcp,
+        Err(e) => panic!("RMEMFS_TRANSPORT: {e}"),
+    }
+}
+
+/// The host memnodes started with `transport` listen on (see the module docs).
+pub fn listen_host(transport: Transport) -> String {
+    if let Some(v) = non_empty_env("RMEMFS_TEST_LISTEN") {
+        return match v.parse::<SocketAddr>() {
+            Ok(sa) => sa.ip().to_string(),
+            Err(_) => match v.rsplit_once(':') {
+                // host:port with a name for host
+                Some((host, port)) if !host.contains(':') && port.parse::<u16>().is_ok() => {
+                    host.to_string()
+                }
+                _ => v,
+            },
+        };
+    }
+    if transport != Transport::Tcp {
+        if let Some(ip) = non_empty_env("SOFTROCE_IP") {
+            return ip;
+        }
+    }
+    "127.0.0.1".to_string()
+}
+
+/// The `--listen` argument for a memnode on `transport`: a free port on
+/// [`listen_host`].
+pub fn listen_arg(transport: Transport) -> String {
+    let host = listen_host(transport);
+    if host.contains(':') {
+        format!("[{host}]:0")
+    } else {
+        format!("{host}:0")
+    }
+}
+
+/// `RMEMFS_TEST_OP_TIMEOUT`, when set: fsd's `--op-timeout` for tests that set none.
+pub fn op_timeout() -> Option<String> {
+    let v = non_empty_env("RMEMFS_TEST_OP_TIMEOUT")?;
+    match v.parse::<f64>() {
+        Ok(s) if s > 0.0 => Some(v),
+        _ => panic!("RMEMFS_TEST_OP_TIMEOUT={v:?} is not a positive number of seconds"),
+    }
+}
+
+fn non_empty_env(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
+/// Prints, once per test (libtest runs each test on a thread named after it), which
+/// transport its daemons use.
+/// `fixed` says the test chose the transport itself instead of taking the env's.
+pub(crate) fn announce(transport: Transport, fixed: bool, who: &str) {
+    static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    let thread = std::thread::current();
+    let key = match thread.name() {
+        Some(name) => name.to_string(),
+        None => format!("{:?}", thread.id()),
+    };
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if seen.get_or_insert_with(HashSet::new).insert(key.clone()) {
+        let why = if fixed {
+            "fixed by the test".to_string()
+        } else {
+            match non_empty_env("RMEMFS_TRANSPORT") {
+                Some(v) => format!("RMEMFS_TRANSPORT={v}"),
+                None => "RMEMFS_TRANSPORT unset".to_string(),
+            }
+        };
+        println!("{key}: transport {transport} ({why}), first daemon: {who}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Transport;
+
+    #[test]
+    fn transports_parse() {
+        assert_eq!("tcp".parse::<Transport>(), Ok(Transport::Tcp));
+        assert_eq!("verbs".parse::<Transport>(), Ok(Transport::Verbs));
+        assert_eq!("auto".parse::<Transport>(), Ok(Transport::Auto));
+        assert!("rdma".parse::<Transport>().is_err());
+    }
+}
