@@ -1,0 +1,52 @@
+#!/bin/sh
+# shellcheck shell=dash
+# The guest side of e2e.sh: e2e.sh passes this file's text to `sh -c` inside the
+# Soft-RoCE guest, with arguments
+#
+#   TRANSPORT OP_TIMEOUT NAME=TEST_BINARY...
+#
+# and it runs each test binary in turn (libtest, one test at a time, captured output
+# shown) with the environment the harness and common/tests/fabric.rs read:
+# RMEMFS_TRANSPORT, RMEMFS_BIN_DIR (memnode and fsd are in /usr/local/bin),
+# RMEMFS_TEST_OP_TIMEOUT (fsd's --op-timeout), RMEMFS_TEST_LISTEN (the address servers
+# bind: rxe0's IPv4 address, port 0) and RMEMFS_TEST_PEER (the address clients dial).
+# Around each binary it prints `E2E-BEGIN NAME` and `E2E-END NAME rc=N seconds=S`;
+# e2e.sh counts libtest's own `test result:` lines between them.
+# Exit status: the number of test binaries that failed.
+
+transport="$1"
+op_timeout="$2"
+shift 2
+
+export RMEMFS_TRANSPORT="$transport"
+export RMEMFS_BIN_DIR=/usr/local/bin
+export RMEMFS_TEST_OP_TIMEOUT="$op_timeout"
+export RMEMFS_TEST_LISTEN="${SOFTROCE_IP:-10.0.2.15}:0"
+export RMEMFS_TEST_PEER="${SOFTROCE_IP:-10.0.2.15}"
+export RUST_BACKTRACE=1
+
+now() {
+    local up
+    read -r up _ </proc/uptime
+    echo "$up"
+}
+
+echo "e2e-guest: transport $transport, op timeout $op_timeout s, listen $RMEMFS_TEST_LISTEN, $(grep MemTotal /proc/meminfo | tr -s ' ')"
+failed=0
+for spec in "$@"; do
+    name="${spec%%=*}"
+    bin="${spec#*=}"
+    echo "E2E-BEGIN $name"
+    t0="$(now)"
+    "$bin" --test-threads 1 --show-output
+    rc=$?
+    t1="$(now)"
+    echo "E2E-END $name rc=$rc seconds=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')"
+    if [ "$rc" -ne 0 ]; then
+        failed=$((failed + 1))
+        # What a failing test may have left: mounts, daemons.
+        grep -E 'fuse|rmemfs' /proc/mounts | sed 's/^/  mount: /'
+        pgrep -l -f 'memnode|fsd' | sed 's/^/  proc: /'
+    fi
+done
+exit "$failed"
