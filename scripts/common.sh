@@ -31,9 +31,22 @@ apt_install() {
 }
 
 # System packages: fuse3 (fusermount3, /etc/fuse.conf), a C toolchain for crates that
-# build C, curl and CA certificates for rustup.
+# build C, curl and CA certificates for rustup, and what rdma-sys (the verbs backend,
+# built by default) needs: pkg-config, the libibverbs and librdmacm headers, and
+# libclang for its bindings.
 install_system_packages() {
-    apt_install fuse3 pkg-config build-essential ca-certificates curl
+    apt_install fuse3 pkg-config build-essential ca-certificates curl \
+        libibverbs-dev librdmacm-dev libclang-dev clang
+}
+
+# What the Soft-RoCE VM stage (scripts/softroce) needs on the host: qemu, the guest's
+# userland taken from Debian packages (busybox, rdma-core's tools and rxe provider,
+# iproute2's ip and rdma, fusermount3), the tools that build the initramfs (cpio, kmod
+# for depmod and modprobe --show-depends, xz/zstd for compressed modules, binutils for
+# strip) and jq for cargo's JSON messages. perftest is optional (build-guest.sh).
+install_softroce_packages() {
+    apt_install qemu-system-x86 busybox-static ibverbs-utils rdmacm-utils ibverbs-providers \
+        iproute2 cpio kmod xz-utils zstd fuse3 binutils jq
 }
 
 # Puts cargo on PATH, installing a Rust toolchain with rustup if there is none (Debian

@@ -81,11 +81,7 @@ started=$SECONDS
 # Host packages. rdma-core (the daemon package) is not needed: the userland the guest
 # runs is libibverbs1/librdmacm1 (pulled in by the utils), the providers, and
 # iproute2's `rdma`.
-apt_install busybox-static ibverbs-utils rdmacm-utils ibverbs-providers iproute2 \
-    cpio kmod xz-utils zstd fuse3 qemu-system-x86
-if [ -n "$strip_adds" ]; then
-    apt_install binutils
-fi
+install_softroce_packages
 # perftest is optional (the smoke test skips the bandwidth checks without it).
 if ! command -v ib_write_bw >/dev/null; then
     if ! apt-cache show perftest >/dev/null 2>&1; then

@@ -83,7 +83,7 @@ case "$target" in
 /*) ;;
 *) target="$softroce_repo/$target" ;;
 esac
-apt_install jq
+install_softroce_packages
 ensure_cargo
 started=$SECONDS
 
