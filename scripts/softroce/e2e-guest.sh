@@ -8,8 +8,8 @@
 # and it runs each test binary in turn (libtest, one test at a time, captured output
 # shown) with the environment the harness and common/tests/fabric.rs read:
 # RMEMFS_TRANSPORT, RMEMFS_BIN_DIR (memnode and fsd are in /usr/local/bin),
-# RMEMFS_TEST_OP_TIMEOUT (fsd's --op-timeout), RMEMFS_TEST_LISTEN (the address servers
-# bind: rxe0's IPv4 address, port 0) and RMEMFS_TEST_PEER (the address clients dial).
+# RMEMFS_TEST_OP_TIMEOUT (fsd's --op-timeout) and RMEMFS_TEST_HOST (where test servers
+# and memnodes listen: rxe0's IPv4 address, since RoCE cannot reach loopback).
 # Around each binary it prints `E2E-BEGIN NAME` and `E2E-END NAME rc=N seconds=S`;
 # e2e.sh counts libtest's own `test result:` lines between them.
 # Exit status: the number of test binaries that failed.
@@ -21,8 +21,7 @@ shift 2
 export RMEMFS_TRANSPORT="$transport"
 export RMEMFS_BIN_DIR=/usr/local/bin
 export RMEMFS_TEST_OP_TIMEOUT="$op_timeout"
-export RMEMFS_TEST_LISTEN="${SOFTROCE_IP:-10.0.2.15}:0"
-export RMEMFS_TEST_PEER="${SOFTROCE_IP:-10.0.2.15}"
+export RMEMFS_TEST_HOST="${SOFTROCE_IP:-10.0.2.15}"
 export RUST_BACKTRACE=1
 
 now() {
@@ -31,7 +30,7 @@ now() {
     echo "$up"
 }
 
-echo "e2e-guest: transport $transport, op timeout $op_timeout s, listen $RMEMFS_TEST_LISTEN, $(grep MemTotal /proc/meminfo | tr -s ' ')"
+echo "e2e-guest: transport $transport, op timeout $op_timeout s, listen on $RMEMFS_TEST_HOST, $(grep MemTotal /proc/meminfo | tr -s ' ')"
 failed=0
 for spec in "$@"; do
     name="${spec%%=*}"

@@ -9,7 +9,7 @@
 //!   run over both fabric backends (scripts/softroce/e2e.sh runs them over verbs in a
 //!   Soft-RoCE guest). Each test prints which transport it used.
 //! - [`MemnodeProc`] starts a memnode on a free port (of `127.0.0.1` unless
-//!   `RMEMFS_TEST_LISTEN` says otherwise), reads its real address from its one stdout
+//!   `RMEMFS_TEST_HOST` or the transport says otherwise), reads its real address from its one stdout
 //!   line, asks it for stats over the control protocol, kills it.
 //! - [`FsdMount`] mounts fsd on a fresh temporary directory, waits for the mount to be
 //!   live, and unmounts with a check that fsd exits 0. Its `Drop` detaches the mount

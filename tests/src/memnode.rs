@@ -75,7 +75,12 @@ impl MemnodeProc {
             .and_then(|i| extra.get(i + 1))
             .map(|t| t.as_bytes().to_vec())
             .unwrap_or_default();
+        // `memnode transport <BACKEND> (<WHY>)` comes first: what `auto` picked.
+        let served_over = std::cell::RefCell::new(None::<String>);
         let line = match output::wait_for_line(&mut child, &stdout, START_LIMIT, |l| {
+            if let Some(t) = l.strip_prefix("memnode transport ") {
+                *served_over.borrow_mut() = Some(t.to_string());
+            }
             l.starts_with("memnode listening on ")
         }) {
             Announce::Line(l) => l,
@@ -99,6 +104,13 @@ impl MemnodeProc {
                  `memnode listening on <ADDR> capacity <BYTES>`"
             )
         });
+        println!(
+            "memnode {addr}: --transport {transport}, serves over {}",
+            served_over
+                .into_inner()
+                .as_deref()
+                .unwrap_or("? (it printed no `memnode transport` line)")
+        );
         MemnodeProc {
             child,
             transport,

@@ -7,16 +7,17 @@
 //!   embedded memnode), and the harness's own control connections use the same one.
 //!   Tests that are tcp-only by nature (raw TCP bytes to a memnode) ask for
 //!   [`Transport::Tcp`] explicitly with [`crate::MemnodeProc::start_on`].
-//! - `RMEMFS_TEST_LISTEN`: the address memnodes listen on, `HOST` or `HOST:PORT` (the
-//!   port is ignored: each memnode takes a free one). Default `127.0.0.1`; for verbs,
-//!   `$SOFTROCE_IP` when that is set (rdma_cm needs an address on the RDMA netdev).
+//! - `RMEMFS_TEST_HOST`: the address memnodes listen on (each on a free port), as in
+//!   common/tests/fabric.rs. Default: `127.0.0.1` for tcp; for verbs (and for auto
+//!   when this host has an RDMA device) the RDMA interface's own IPv4 address
+//!   ([`fabric::local_host`]), because RoCE cannot reach loopback.
 //! - `RMEMFS_TEST_OP_TIMEOUT`: seconds, passed to fsd as `--op-timeout` unless the test
 //!   gives its own (emulated RDMA is slow and jittery; fsd's default is 5 s).
 //!
 //! The first daemon a test starts prints one line saying which transport it runs on.
 
+use rmemfs_common::fabric;
 use std::collections::HashSet;
-use std::net::SocketAddr;
 use std::sync::Mutex;
 
 pub use rmemfs_common::fabric::Transport;
@@ -34,24 +35,18 @@ pub fn transport() -> Transport {
 
 /// The host memnodes started with `transport` listen on (see the module docs).
 pub fn listen_host(transport: Transport) -> String {
-    if let Some(v) = non_empty_env("RMEMFS_TEST_LISTEN") {
-        return match v.parse::<SocketAddr>() {
-            Ok(sa) => sa.ip().to_string(),
-            Err(_) => match v.rsplit_once(':') {
-                // host:port with a name for host
-                Some((host, port)) if !host.contains(':') && port.parse::<u16>().is_ok() => {
-                    host.to_string()
-                }
-                _ => v,
-            },
-        };
+    if let Some(host) = non_empty_env("RMEMFS_TEST_HOST") {
+        return host;
     }
-    if transport != Transport::Tcp {
-        if let Some(ip) = non_empty_env("SOFTROCE_IP") {
-            return ip;
-        }
+    match transport.resolve() {
+        Ok(Transport::Verbs) => fabric::local_host(Transport::Verbs).unwrap_or_else(|| {
+            panic!(
+                "--transport {transport}: the RDMA device has no IPv4 address to listen \
+                 on; set RMEMFS_TEST_HOST"
+            )
+        }),
+        _ => "127.0.0.1".to_string(),
     }
-    "127.0.0.1".to_string()
 }
 
 /// The `--listen` argument for a memnode on `transport`: a free port on
