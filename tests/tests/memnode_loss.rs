@@ -5,7 +5,8 @@
 
 use rmemfs_tests::data::write_small;
 use rmemfs_tests::{
-    assert_errno, describe, heavy_test, within, FsdMount, MemnodeProc, Pattern, UncachedReader, MIB,
+    assert_errno, describe, heavy_test, within, FsdMount, MemnodeProc, Pattern, Transport,
+    UncachedReader, MIB,
 };
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -131,11 +132,17 @@ fn file_data_lives_on_the_memnode_and_its_loss_gives_eio_not_a_hang() {
     fsd.unmount();
 }
 
+/// tcp only, whatever RMEMFS_TRANSPORT says: a stopped memnode process stalls the
+/// data path only when that process serves it. Over verbs the NIC (rxe in the kernel,
+/// with Soft-RoCE) serves READ and WRITE without the memnode's CPU, so a frozen
+/// memnode's data stays readable, as it should (seen in the Soft-RoCE guest: the read
+/// succeeded in 0.1 s). The verbs counterpart of "the peer stops answering" is a lost
+/// network path, which this harness does not simulate yet.
 #[test]
 fn a_frozen_memnode_gives_eio_within_the_op_timeout() {
     let _serial = heavy_test();
     let pattern = Pattern::for_test("frozen memnode");
-    let memnode = MemnodeProc::start("256M");
+    let memnode = MemnodeProc::start_on(Transport::Tcp, "256M", &[]);
     let fsd = FsdMount::with_memnode(&memnode, &["--cache", "8M", "--op-timeout", "2"]);
     std::fs::create_dir(fsd.join("dir")).expect("mkdir dir");
     write_small(&fsd.join("dir/small"), &[7u8; 4096]);
