@@ -4,6 +4,7 @@
 use crate::fs::{Caller, RmemFs};
 use crate::fuse::FuseAdapter;
 use crate::remote::{Connector, RemoteConfig, RemoteStore};
+use crate::stats::Snapshot;
 use anyhow::{bail, Context};
 use clap::Parser;
 use rmemfs_common::fabric::{self, Transport};
@@ -13,6 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
+
+/// How often `--stats-file` is rewritten.
+const STATS_PERIOD: Duration = Duration::from_secs(1);
 
 fn size_arg(s: &str) -> Result<u64, String> {
     parse_size(s)
@@ -59,6 +63,10 @@ pub struct Options {
     /// an RDMA device and the memnode is not on a loopback address, else tcp).
     #[arg(long, default_value = "auto", value_parser = clap::value_parser!(Transport))]
     pub transport: Transport,
+    /// Write statistics (remote operations and bytes, cache hits and misses) as JSON
+    /// to this file, replaced once a second and at exit.
+    #[arg(long, value_name = "PATH")]
+    pub stats_file: Option<PathBuf>,
 }
 
 impl Options {
@@ -300,11 +308,28 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         })
     };
 
+    let stats_writer = opts.stats_file.clone().map(|path| {
+        let fs = fs.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || loop {
+            let stopping = stop.wait(STATS_PERIOD);
+            if let Err(e) = Snapshot::of(&fs).write_to(&path) {
+                log::warn!("cannot write statistics to {}: {e}", path.display());
+            }
+            if stopping {
+                return;
+            }
+        })
+    });
+
     let result = session.run();
     session_over.store(true, Ordering::SeqCst);
     stop.stop();
     signal_handle.close();
     let _ = flusher.join();
+    if let Some(t) = stats_writer {
+        let _ = t.join();
+    }
     let _ = signal_thread.join();
     // destroy() ran if the kernel said goodbye; shutting down twice is harmless.
     fs.shutdown();

@@ -5,6 +5,7 @@
 //! - [`cache`]: the LRU page cache with write-back.
 //! - [`remote`]: memnode connections, block placement and batched block I/O.
 //! - [`fuse`]: the thin fuser adapter, the only place errno appears.
+//! - [`stats`]: counters of remote traffic and of the cache, written for benchmarks.
 //! - [`daemon`]: startup, mount, periodic flushing, clean shutdown on signals.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -16,3 +17,4 @@ pub mod fuse;
 pub mod inode;
 pub mod namespace;
 pub mod remote;
+pub mod stats;

@@ -112,10 +112,12 @@ def read_manifest(path):
             line = line.rstrip("\n")
             if not line:
                 continue
-            job, target, status, fio_json, hwm, rss, mn_rss = line.split("\t")
+            (job, target, status, fio_json, hwm, rss, mn_rss, stats_before,
+             stats_after) = line.split("\t")
             rows.append({
                 "job": job, "target": target, "status": status, "fio_json": fio_json,
                 "fsd_peak_rss_kib": hwm, "fsd_rss_kib": rss, "memnode_rss_kib": mn_rss,
+                "stats_before": stats_before, "stats_after": stats_after,
             })
     return rows
 
@@ -144,6 +146,25 @@ def percentile_us(section, which):
     return None
 
 
+def read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def fsd_traffic(row):
+    """fsd's counters over one job (after minus before), or None without them."""
+    before, after = read_json(row["stats_before"]), read_json(row["stats_after"])
+    if not before or not after:
+        return None
+    delta = {k: after[k] - before.get(k, 0) for k in after
+             if k not in ("cache_pages", "cache_capacity_pages", "block_size")}
+    delta["block_size"] = after.get("block_size")
+    return delta
+
+
 def measure(row):
     """One (job, target) result; a failed run keeps its status and no numbers."""
     result = {
@@ -154,6 +175,7 @@ def measure(row):
         result["fsd_peak_rss_bytes"] = kib_to_bytes(row["fsd_peak_rss_kib"])
         result["fsd_rss_bytes"] = kib_to_bytes(row["fsd_rss_kib"])
         result["memnode_rss_bytes"] = kib_to_bytes(row["memnode_rss_kib"])
+        result["fsd_traffic"] = fsd_traffic(row)
     if row["status"] != "ok":
         return result
     try:
@@ -308,6 +330,30 @@ def print_memory(doc):
         print(f"fsd peak RSS {mib(max(peaks))} with --cache {doc['settings'].get('cache')}")
 
 
+def print_traffic(doc):
+    """Remote operations fsd made during each rmemfs job, and how many bytes it read
+    from remote memory per byte fio read (read amplification; 1.0 when every remote
+    byte read was asked for)."""
+    rows = [r for r in doc["results"] if r["target"] == "rmemfs" and r.get("fsd_traffic")]
+    if not rows:
+        return
+    block = rows[0]["fsd_traffic"].get("block_size")
+    print(f"\nfsd remote traffic per job (block size {block // 1024 if block else '?'} KiB):")
+    print(f"{'job':<22}{'READs':>10}{'MiB read':>10}{'WRITEs':>10}{'MiB written':>12}"
+          f"{'allocs':>8}{'cache hit%':>11}{'read ampl.':>11}")
+    for r in rows:
+        t = r["fsd_traffic"]
+        lookups = t.get("cache_hits", 0) + t.get("cache_misses", 0)
+        hit = f"{100.0 * t.get('cache_hits', 0) / lookups:.0f}" if lookups else "-"
+        ampl = "-"
+        if r.get("direction") == "read" and r.get("io_bytes"):
+            ampl = f"{t.get('remote_read_bytes', 0) / r['io_bytes']:.2f}"
+        print(f"{r['job']:<22}{t.get('remote_reads', 0):>10}"
+              f"{t.get('remote_read_bytes', 0) / 2**20:>10.0f}{t.get('remote_writes', 0):>10}"
+              f"{t.get('remote_write_bytes', 0) / 2**20:>12.0f}{t.get('chunk_allocs', 0):>8}"
+              f"{hit:>11}{ampl:>11}")
+
+
 def ratio_labels(doc, job):
     """What the chart prints under a job's name: rmemfs's throughput over each
     baseline's, as one quoted column per baseline (empty ones last)."""
@@ -397,6 +443,7 @@ def main():
     print_header(doc)
     print_table(doc)
     print_memory(doc)
+    print_traffic(doc)
     os.makedirs(os.path.dirname(os.path.abspath(args.out_json)), exist_ok=True)
     with open(args.out_json, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=2)

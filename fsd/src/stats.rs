@@ -1,0 +1,126 @@
+//! fsd's statistics: counters of remote traffic and of the page cache, written as a
+//! small JSON object to the file `--stats-file` names (replaced atomically once a
+//! second and at exit), so benchmarks and operators can read per-interval deltas
+//! without any control traffic to the memnodes.
+
+use crate::fs::RmemFs;
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
+/// One reading of every counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Snapshot {
+    pub remote_reads: u64,
+    pub remote_read_bytes: u64,
+    pub remote_writes: u64,
+    pub remote_write_bytes: u64,
+    pub chunk_allocs: u64,
+    pub chunk_frees: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub cache_evictions: u64,
+    pub cache_writebacks: u64,
+    pub cache_pages: u64,
+    pub cache_capacity_pages: u64,
+    pub block_size: u64,
+}
+
+impl Snapshot {
+    pub fn of(fs: &RmemFs) -> Snapshot {
+        let r = &fs.remote().counters;
+        let c = &fs.cache().counters;
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        Snapshot {
+            remote_reads: get(&r.reads),
+            remote_read_bytes: get(&r.read_bytes),
+            remote_writes: get(&r.writes),
+            remote_write_bytes: get(&r.write_bytes),
+            chunk_allocs: get(&r.chunk_allocs),
+            chunk_frees: get(&r.chunk_frees),
+            cache_hits: get(&c.hits),
+            cache_misses: get(&c.misses),
+            cache_evictions: get(&c.evictions),
+            cache_writebacks: get(&c.writebacks),
+            cache_pages: fs.cache().cached_pages() as u64,
+            cache_capacity_pages: fs.cache().capacity_pages() as u64,
+            block_size: fs.remote().block_size(),
+        }
+    }
+
+    /// The snapshot as one JSON object, field names as in the struct.
+    pub fn to_json(&self) -> String {
+        let fields = [
+            ("remote_reads", self.remote_reads),
+            ("remote_read_bytes", self.remote_read_bytes),
+            ("remote_writes", self.remote_writes),
+            ("remote_write_bytes", self.remote_write_bytes),
+            ("chunk_allocs", self.chunk_allocs),
+            ("chunk_frees", self.chunk_frees),
+            ("cache_hits", self.cache_hits),
+            ("cache_misses", self.cache_misses),
+            ("cache_evictions", self.cache_evictions),
+            ("cache_writebacks", self.cache_writebacks),
+            ("cache_pages", self.cache_pages),
+            ("cache_capacity_pages", self.cache_capacity_pages),
+            ("block_size", self.block_size),
+        ];
+        let body: Vec<String> = fields
+            .iter()
+            .map(|(k, v)| format!("  \"{k}\": {v}"))
+            .collect();
+        format!("{{\n{}\n}}\n", body.join(",\n"))
+    }
+
+    /// Replaces `path` with this snapshot (write to a temporary file, then rename, so
+    /// a reader never sees half a file).
+    pub fn write_to(&self, path: &Path) -> std::io::Result<()> {
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = std::path::PathBuf::from(tmp);
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(self.to_json().as_bytes())?;
+        drop(f);
+        std::fs::rename(&tmp, path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_names_every_counter_with_its_value() {
+        let s = Snapshot {
+            remote_reads: 3,
+            remote_read_bytes: 196608,
+            chunk_allocs: 1,
+            block_size: 65536,
+            ..Snapshot::default()
+        };
+        let json = s.to_json();
+        assert!(json.starts_with('{') && json.trim_end().ends_with('}'));
+        assert!(json.contains("\"remote_reads\": 3,"), "{json}");
+        assert!(json.contains("\"remote_read_bytes\": 196608,"), "{json}");
+        assert!(json.contains("\"chunk_allocs\": 1,"), "{json}");
+        assert!(json.contains("\"block_size\": 65536\n"), "{json}");
+        assert_eq!(json.matches(':').count(), 13);
+    }
+
+    #[test]
+    fn writing_replaces_the_file_whole() {
+        let dir = std::env::temp_dir().join(format!("fsd-stats-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("stats.json");
+        for n in [1u64, 22] {
+            let s = Snapshot {
+                remote_writes: n,
+                ..Snapshot::default()
+            };
+            s.write_to(&path).expect("write");
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(text.contains(&format!("\"remote_writes\": {n},")), "{text}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
