@@ -32,6 +32,9 @@ pub enum FsError {
     Range,
     #[error("operation not supported")]
     NotSupported,
+    /// lseek SEEK_DATA / SEEK_HOLE at or past end of file, or no data after it.
+    #[error("no data or hole at or after this offset")]
+    NoSuchOffset,
     #[error("remote memory is full")]
     NoSpace,
     /// Remote memory could not be reached or refused the access: the data involved

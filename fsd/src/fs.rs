@@ -515,47 +515,6 @@ impl RmemFs {
         }
     }
 
-    pub fn setxattr(&self, ino: Ino, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
-        let inode = self.ns.get(ino)?;
-        let mut m = inode.meta();
-        let exists = m.xattrs.contains_key(name);
-        if flags & libc::XATTR_CREATE != 0 && exists {
-            return Err(FsError::Exists);
-        }
-        if flags & libc::XATTR_REPLACE != 0 && !exists {
-            return Err(FsError::NoAttribute);
-        }
-        m.xattrs.insert(name.to_os_string(), value.to_vec());
-        m.touch_ctime();
-        Ok(())
-    }
-
-    pub fn getxattr(&self, ino: Ino, name: &OsStr) -> FsResult<Vec<u8>> {
-        let inode = self.ns.get(ino)?;
-        let m = inode.meta();
-        m.xattrs.get(name).cloned().ok_or(FsError::NoAttribute)
-    }
-
-    /// Attribute names, each followed by a NUL, as listxattr returns them.
-    pub fn listxattr(&self, ino: Ino) -> FsResult<Vec<u8>> {
-        let inode = self.ns.get(ino)?;
-        let m = inode.meta();
-        let mut out = Vec::new();
-        for name in m.xattrs.keys() {
-            out.extend_from_slice(name.as_encoded_bytes());
-            out.push(0);
-        }
-        Ok(out)
-    }
-
-    pub fn removexattr(&self, ino: Ino, name: &OsStr) -> FsResult<()> {
-        let inode = self.ns.get(ino)?;
-        let mut m = inode.meta();
-        m.xattrs.remove(name).ok_or(FsError::NoAttribute)?;
-        m.touch_ctime();
-        Ok(())
-    }
-
     /// Flushes everything and gives all remote memory back (unmount).
     pub fn shutdown(&self) {
         if let Err(e) = self.flush_all() {
@@ -644,6 +603,12 @@ impl Backing for RmemFs {
         results
     }
 }
+
+mod space;
+mod xattr;
+
+pub use space::{Allocate, Seek};
+pub use xattr::SetXattrMode;
 
 #[cfg(test)]
 mod tests;

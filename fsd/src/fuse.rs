@@ -3,14 +3,14 @@
 //! nowhere else.
 
 use crate::error::FsError;
-use crate::fs::{Caller, RmemFs, SetAttr, SetTime};
+use crate::fs::{Allocate, Caller, RmemFs, Seek, SetAttr, SetTime, SetXattrMode};
 use crate::inode::{Attr, FileKind};
 use crate::namespace::RenameMode;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::path::Path;
@@ -39,6 +39,7 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::NoAttribute => Errno::ENODATA,
         FsError::Range => Errno::ERANGE,
         FsError::NotSupported => Errno::EOPNOTSUPP,
+        FsError::NoSuchOffset => Errno::ENXIO,
         FsError::NoSpace => Errno::ENOSPC,
         FsError::Io(_) => Errno::EIO,
     }
@@ -138,6 +139,18 @@ fn xattr_reply(r: Result<Vec<u8>, FsError>, size: u32, reply: ReplyXattr) {
         Ok(v) if v.len() <= size as usize => reply.data(&v),
         Ok(_) => reply.error(Errno::ERANGE),
         Err(e) => reply.error(errno(&e)),
+    }
+}
+
+/// The `fallocate` modes rmemfs implements; anything else is EOPNOTSUPP, as on a
+/// local filesystem that lacks the mode.
+fn allocate_mode(mode: i32) -> Result<Allocate, Errno> {
+    let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+    match mode & !libc::FALLOC_FL_KEEP_SIZE {
+        0 => Ok(Allocate::Reserve { keep_size }),
+        libc::FALLOC_FL_PUNCH_HOLE if keep_size => Ok(Allocate::PunchHole),
+        libc::FALLOC_FL_ZERO_RANGE => Ok(Allocate::ZeroRange { keep_size }),
+        _ => Err(Errno::EOPNOTSUPP),
     }
 }
 
@@ -432,7 +445,15 @@ impl Filesystem for FuseAdapter {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        empty(self.fs.setxattr(ino.0, name, value, flags), reply);
+        let known = libc::XATTR_CREATE | libc::XATTR_REPLACE;
+        if flags & !known != 0 {
+            return reply.error(Errno::EINVAL);
+        }
+        let mode = SetXattrMode {
+            create: flags & libc::XATTR_CREATE != 0,
+            replace: flags & libc::XATTR_REPLACE != 0,
+        };
+        empty(self.fs.setxattr(ino.0, name, value, mode), reply);
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -465,6 +486,46 @@ impl Filesystem for FuseAdapter {
                 FileHandle(0),
                 fopen_flags(OpenFlags(flags)),
             ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        match allocate_mode(mode) {
+            Ok(how) => empty(self.fs.fallocate(ino.0, offset, length, how), reply),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        // The kernel forwards only SEEK_DATA and SEEK_HOLE; it does the others itself.
+        let what = match whence {
+            libc::SEEK_DATA => Seek::Data,
+            libc::SEEK_HOLE => Seek::Hole,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let Ok(offset) = u64::try_from(offset) else {
+            return reply.error(Errno::ENXIO);
+        };
+        match self.fs.seek(ino.0, offset, what) {
+            Ok(pos) => reply.offset(pos as i64),
             Err(e) => reply.error(errno(&e)),
         }
     }

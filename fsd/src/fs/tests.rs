@@ -262,3 +262,90 @@ fn a_reader_racing_the_first_write_of_a_reused_block_sees_zeros_not_stale_bytes(
         "a block whose content never reached remote memory must read as zeros"
     );
 }
+
+#[test]
+fn punching_a_hole_frees_whole_blocks_zeros_edges_and_keeps_the_size() {
+    let r = rig(16 << 20, 4 * BS, 1 << 20);
+    let ino = new_file(&r.fs, "p");
+    let data = pattern(16 * BS as usize, 11);
+    r.fs.write(ino, 0, &data).unwrap();
+    // Dirty pages of doomed blocks are in the cache (4 pages) and in write-back.
+    r.fs.fallocate(ino, BS + 10, 10 * BS, Allocate::PunchHole)
+        .unwrap();
+    let attr = r.fs.getattr(ino).unwrap();
+    assert_eq!(attr.size, 16 * BS, "punching keeps the size");
+    assert_eq!(attr.allocated, 7 * BS, "blocks 2..=10 are freed, 7 remain");
+    r.fs.fsync(ino).unwrap();
+    let mut expected = data.clone();
+    expected[(BS + 10) as usize..(11 * BS + 10) as usize].fill(0);
+    assert_eq!(r.fs.read(ino, 0, 16 * BS as u32).unwrap(), expected);
+    // After eviction too: nothing stale was written back into the freed blocks.
+    let other = new_file(&r.fs, "other");
+    r.fs.write(other, 0, &pattern(32 * BS as usize, 12))
+        .unwrap();
+    r.fs.fsync(other).unwrap();
+    assert_eq!(r.fs.read(ino, 0, 16 * BS as u32).unwrap(), expected);
+}
+
+#[test]
+fn reserving_allocates_zero_blocks_and_keep_size_leaves_the_size() {
+    let r = rig(16 << 20, 4 * BS, 1 << 20);
+    let ino = new_file(&r.fs, "r");
+    let how = Allocate::Reserve { keep_size: true };
+    r.fs.fallocate(ino, 0, 8 * BS, how).unwrap();
+    let attr = r.fs.getattr(ino).unwrap();
+    assert_eq!((attr.size, attr.allocated), (0, 8 * BS));
+    let how = Allocate::Reserve { keep_size: false };
+    r.fs.fallocate(ino, 0, 3 * BS + 1, how).unwrap();
+    assert_eq!(r.fs.getattr(ino).unwrap().size, 3 * BS + 1);
+    assert_eq!(
+        r.fs.read(ino, 0, 4 * BS as u32).unwrap(),
+        vec![0; 3 * BS as usize + 1]
+    );
+    assert_eq!(
+        r.fs.fallocate(ino, 0, 0, how),
+        Err(FsError::Invalid),
+        "length 0"
+    );
+    assert_eq!(
+        r.fs.fallocate(ino, MAX_FILE_SIZE, 1, how),
+        Err(FsError::TooLarge),
+        "past the largest file size"
+    );
+}
+
+#[test]
+fn seek_data_and_hole_follow_the_block_map() {
+    let r = rig(16 << 20, 4 * BS, 1 << 20);
+    let ino = new_file(&r.fs, "s");
+    r.fs.write(ino, 2 * BS, b"x").unwrap();
+    r.fs.write(ino, 3 * BS, b"y").unwrap();
+    r.fs.write(ino, 9 * BS + 5, b"z").unwrap(); // size 9 BS + 6
+    let size = 9 * BS + 6;
+    let cases = [
+        (0, Seek::Data, Ok(2 * BS)),
+        (0, Seek::Hole, Ok(0)),
+        (2 * BS + 1, Seek::Data, Ok(2 * BS + 1)),
+        (2 * BS, Seek::Hole, Ok(4 * BS)),
+        (4 * BS, Seek::Data, Ok(9 * BS)),
+        (9 * BS, Seek::Hole, Ok(size)),
+        (size - 1, Seek::Hole, Ok(size)),
+        (size, Seek::Data, Err(FsError::NoSuchOffset)),
+        (size, Seek::Hole, Err(FsError::NoSuchOffset)),
+    ];
+    for (offset, what, expected) in cases {
+        assert_eq!(
+            r.fs.seek(ino, offset, what),
+            expected,
+            "{what:?} from {offset}"
+        );
+    }
+    // Blocks reserved past end of file are not data of the file.
+    let keep = Allocate::Reserve { keep_size: true };
+    r.fs.fallocate(ino, 20 * BS, BS, keep).unwrap();
+    r.fs.fallocate(ino, 4 * BS, BS, Allocate::PunchHole)
+        .unwrap();
+    r.fs.fallocate(ino, 2 * BS, 2 * BS, Allocate::PunchHole)
+        .unwrap();
+    assert_eq!(r.fs.seek(ino, 0, Seek::Data), Ok(9 * BS));
+}
