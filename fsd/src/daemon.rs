@@ -246,6 +246,11 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     ];
     if owner.uid == 0 {
         config.acl = fuser::SessionACL::All;
+        // As a local filesystem mounted by root: setuid bits and device nodes work
+        // (FUSE mounts default to nosuid,nodev).
+        config
+            .mount_options
+            .extend([fuser::MountOption::Suid, fuser::MountOption::Dev]);
     }
     config.n_threads = Some(opts.threads);
     config.clone_fd = true;
