@@ -16,6 +16,7 @@ pub struct Snapshot {
     pub remote_writes: u64,
     pub remote_write_bytes: u64,
     pub chunk_allocs: u64,
+    pub chunk_allocs_waited: u64,
     pub chunk_frees: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
@@ -37,6 +38,7 @@ impl Snapshot {
             remote_writes: get(&r.writes),
             remote_write_bytes: get(&r.write_bytes),
             chunk_allocs: get(&r.chunk_allocs),
+            chunk_allocs_waited: get(&r.chunk_allocs_waited),
             chunk_frees: get(&r.chunk_frees),
             cache_hits: get(&c.hits),
             cache_misses: get(&c.misses),
@@ -56,6 +58,7 @@ impl Snapshot {
             ("remote_writes", self.remote_writes),
             ("remote_write_bytes", self.remote_write_bytes),
             ("chunk_allocs", self.chunk_allocs),
+            ("chunk_allocs_waited", self.chunk_allocs_waited),
             ("chunk_frees", self.chunk_frees),
             ("cache_hits", self.cache_hits),
             ("cache_misses", self.cache_misses),
@@ -104,7 +107,7 @@ mod tests {
         assert!(json.contains("\"remote_read_bytes\": 196608,"), "{json}");
         assert!(json.contains("\"chunk_allocs\": 1,"), "{json}");
         assert!(json.contains("\"block_size\": 65536\n"), "{json}");
-        assert_eq!(json.matches(':').count(), 13);
+        assert_eq!(json.matches(':').count(), 14);
     }
 
     #[test]

@@ -331,7 +331,9 @@ def print_memory(doc):
 
 
 def print_traffic(doc):
-    """Remote operations fsd made during each rmemfs job, and how many bytes it read
+    """Remote operations fsd made during each rmemfs job (`waited`: chunk allocations
+    a write had to wait for, i.e. control round trips on the write path), and how many
+    bytes it read
     from remote memory per byte fio read (read amplification; 1.0 when every remote
     byte read was asked for)."""
     rows = [r for r in doc["results"] if r["target"] == "rmemfs" and r.get("fsd_traffic")]
@@ -340,7 +342,7 @@ def print_traffic(doc):
     block = rows[0]["fsd_traffic"].get("block_size")
     print(f"\nfsd remote traffic per job (block size {block // 1024 if block else '?'} KiB):")
     print(f"{'job':<22}{'READs':>10}{'MiB read':>10}{'WRITEs':>10}{'MiB written':>12}"
-          f"{'allocs':>8}{'cache hit%':>11}{'read ampl.':>11}")
+          f"{'allocs':>8}{'waited':>8}{'cache hit%':>11}{'read ampl.':>11}")
     for r in rows:
         t = r["fsd_traffic"]
         lookups = t.get("cache_hits", 0) + t.get("cache_misses", 0)
@@ -351,7 +353,7 @@ def print_traffic(doc):
         print(f"{r['job']:<22}{t.get('remote_reads', 0):>10}"
               f"{t.get('remote_read_bytes', 0) / 2**20:>10.0f}{t.get('remote_writes', 0):>10}"
               f"{t.get('remote_write_bytes', 0) / 2**20:>12.0f}{t.get('chunk_allocs', 0):>8}"
-              f"{hit:>11}{ampl:>11}")
+              f"{t.get('chunk_allocs_waited', 0):>8}{hit:>11}{ampl:>11}")
 
 
 def ratio_labels(doc, job):

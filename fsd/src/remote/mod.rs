@@ -15,6 +15,7 @@
 //! A block's location is a [`BlockLoc`]: which node, which address, which rkey.
 
 mod pool;
+mod refill;
 
 use pool::BlockPool;
 use rmemfs_common::control::{self, ControlError};
@@ -55,6 +56,9 @@ pub struct RemoteCounters {
     pub writes: AtomicU64,
     pub write_bytes: AtomicU64,
     pub chunk_allocs: AtomicU64,
+    /// Chunk allocations a block allocation had to wait for (the pool ran dry before
+    /// the allocation ahead arrived): control round trips on the write path.
+    pub chunk_allocs_waited: AtomicU64,
     pub chunk_frees: AtomicU64,
 }
 
@@ -70,6 +74,7 @@ struct Node {
     /// Set when the node refused an allocation for lack of space; cleared on a free.
     full: AtomicBool,
     down: Mutex<Option<String>>,
+    refill: refill::Refill,
 }
 
 impl Node {
@@ -138,11 +143,14 @@ pub struct RemoteConfig {
 
 /// Every memnode this fsd uses.
 pub struct RemoteStore {
-    nodes: Vec<Node>,
+    nodes: Vec<Arc<Node>>,
     block_size: u64,
     chunk_size: u64,
+    /// A take that leaves a node's pool with fewer free blocks asks for a chunk ahead.
+    low_water: u64,
     next_node: AtomicUsize,
-    pub counters: RemoteCounters,
+    pub counters: Arc<RemoteCounters>,
+    refillers: Vec<std::thread::JoinHandle<()>>,
 }
 
 /// One block operation in a batch given to [`RemoteStore::execute`].
@@ -190,7 +198,7 @@ impl RemoteStore {
                 format_size(capacity),
                 endpoints.len()
             );
-            nodes.push(Node {
+            nodes.push(Arc::new(Node {
                 name: name.clone(),
                 endpoints,
                 next_endpoint: AtomicUsize::new(0),
@@ -198,14 +206,31 @@ impl RemoteStore {
                 capacity,
                 full: AtomicBool::new(false),
                 down: Mutex::new(None),
-            });
+                refill: refill::Refill::default(),
+            }));
+        }
+        let chunk_size = cfg.chunk_size.max(cfg.block_size);
+        // Half a chunk's worth of blocks left: time to ask for the next chunk.
+        let low_water = (chunk_size / cfg.block_size / 2).max(1);
+        let counters = Arc::new(RemoteCounters::default());
+        let mut refillers = Vec::new();
+        for node in &nodes {
+            let t = refill::start(node, chunk_size, low_water, counters.clone()).map_err(|e| {
+                RemoteError::Fabric {
+                    node: node.name.clone(),
+                    error: FabricError::Local(format!("cannot start a refill thread: {e}")),
+                }
+            })?;
+            refillers.push(t);
         }
         Ok(RemoteStore {
             nodes,
             block_size: cfg.block_size,
-            chunk_size: cfg.chunk_size.max(cfg.block_size),
+            chunk_size,
+            low_water,
             next_node: AtomicUsize::new(0),
-            counters: RemoteCounters::default(),
+            counters,
+            refillers,
         })
     }
 
@@ -247,11 +272,17 @@ impl RemoteStore {
         }
         let mut pool = lock(&node.pool);
         if let Some(b) = pool.take() {
+            if pool.free_blocks() < self.low_water && !node.full.load(Ordering::Relaxed) {
+                node.refill.want();
+            }
             return Ok(b);
         }
         if node.full.load(Ordering::Relaxed) {
             return Err(RemoteError::NoSpace);
         }
+        self.counters
+            .chunk_allocs_waited
+            .fetch_add(1, Ordering::Relaxed);
         // Refill: the preferred chunk size, then halves of it down to one block, so the
         // last bytes of a nearly full memnode are still used.
         let mut size = self.chunk_size;
@@ -404,3 +435,91 @@ impl RemoteStore {
 
 /// Shared handle used across fsd.
 pub type SharedRemote = Arc<RemoteStore>;
+
+impl Drop for RemoteStore {
+    fn drop(&mut self) {
+        for node in &self.nodes {
+            node.refill.stop();
+        }
+        for t in self.refillers.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmemfs_common::fabric::tcp::TcpEndpoint;
+    use std::time::{Duration, Instant};
+
+    const BS: u64 = 4096;
+    const CHUNK: u64 = 16 * BS;
+
+    fn store() -> (memnode::Memnode, RemoteStore) {
+        let node = memnode::Memnode::start(memnode::MemnodeConfig {
+            listen: "127.0.0.1:0".into(),
+            size: 64 * CHUNK,
+            token: None,
+            huge_pages: false,
+            transport: rmemfs_common::fabric::Transport::Tcp,
+        })
+        .expect("memnode starts");
+        let connect = |peer: &str| {
+            Ok(Box::new(TcpEndpoint::connect(peer, Duration::from_secs(5))?) as Box<dyn Endpoint>)
+        };
+        let remote = RemoteStore::connect(
+            &[node.local_addr().to_string()],
+            &RemoteConfig {
+                block_size: BS,
+                chunk_size: CHUNK,
+                connections: 1,
+                client_id: 7,
+                token: Vec::new(),
+            },
+            &connect,
+        )
+        .expect("connects");
+        (node, remote)
+    }
+
+    fn allocs(r: &RemoteStore) -> (u64, u64) {
+        (
+            r.counters.chunk_allocs.load(Ordering::Relaxed),
+            r.counters.chunk_allocs_waited.load(Ordering::Relaxed),
+        )
+    }
+
+    #[test]
+    fn the_next_chunk_is_allocated_ahead_so_writes_do_not_wait_for_it() {
+        let (_node, r) = store();
+        // The first block has to wait for the first chunk.
+        r.alloc_block().expect("first block");
+        assert_eq!(allocs(&r), (1, 1));
+        // Take blocks until the pool is below its low-water mark (half a chunk).
+        let blocks = CHUNK / BS;
+        for _ in 1..blocks / 2 + 1 {
+            r.alloc_block().expect("block of the first chunk");
+        }
+        // The refill thread now brings the second chunk without anyone waiting.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while allocs(&r).0 < 2 {
+            assert!(Instant::now() < deadline, "no chunk was allocated ahead");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Several chunks' worth of blocks later, still only the first wait: each
+        // chunk arrived ahead. (Between takes the test gives the refill thread the
+        // time a real write's data transfer would.)
+        for _ in 0..4 * blocks {
+            r.alloc_block().expect("block");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while lock(&r.nodes[0].pool).free_blocks() == 0 {
+                assert!(Instant::now() < deadline, "the pool stayed empty");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let (made, waited) = allocs(&r);
+        assert_eq!(waited, 1, "only the very first chunk is waited for");
+        assert!(made >= 5, "chunks allocated: {made}");
+    }
+}

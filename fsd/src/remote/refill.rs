@@ -1,0 +1,86 @@
+//! Allocation ahead: a thread per memnode that asks it for the next chunk while the
+//! current one still has blocks left, so writes find blocks in the local pool and the
+//! write path makes no control round trip in the steady state.
+//!
+//! The write path signals [`Refill::wanted`] when a take leaves the node's pool below
+//! its low-water mark; the thread then allocates one chunk of the preferred size. A
+//! refusal for lack of space is left to the write path, which retries with smaller
+//! chunks and marks the node full.
+
+use super::{lock, Node, RemoteCounters};
+use rmemfs_common::control;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::Duration;
+
+/// The signal between the write path and a node's refill thread.
+#[derive(Default)]
+pub(super) struct Refill {
+    wanted: Mutex<bool>,
+    cv: Condvar,
+    pub(super) stop: AtomicBool,
+}
+
+impl Refill {
+    /// Asks for a chunk ahead of need (cheap; repeated asks coalesce).
+    pub(super) fn want(&self) {
+        *lock(&self.wanted) = true;
+        self.cv.notify_one();
+    }
+
+    pub(super) fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.cv.notify_one();
+    }
+
+    /// Waits up to `d` for a request; true if there was one (and takes it).
+    fn take_request(&self, d: Duration) -> bool {
+        let mut wanted = lock(&self.wanted);
+        if !*wanted {
+            wanted = self
+                .cv
+                .wait_timeout(wanted, d)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        std::mem::take(&mut *wanted)
+    }
+}
+
+/// Starts the refill thread of `node`. It holds the node only while working, and ends
+/// when the node is stopped or dropped.
+pub(super) fn start(
+    node: &Arc<Node>,
+    chunk_size: u64,
+    low_water: u64,
+    counters: Arc<RemoteCounters>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let weak: Weak<Node> = Arc::downgrade(node);
+    std::thread::Builder::new()
+        .name(format!("refill {}", node.name))
+        .spawn(move || loop {
+            let Some(node) = weak.upgrade() else { return };
+            if node.refill.stop.load(Ordering::SeqCst) {
+                return;
+            }
+            if !node.refill.take_request(Duration::from_millis(500)) {
+                continue;
+            }
+            if node.refill.stop.load(Ordering::SeqCst)
+                || node.down_error().is_some()
+                || node.full.load(Ordering::Relaxed)
+                || lock(&node.pool).free_blocks() >= low_water
+            {
+                continue;
+            }
+            match control::alloc(node.control(), chunk_size) {
+                Ok(a) => {
+                    counters.chunk_allocs.fetch_add(1, Ordering::Relaxed);
+                    log::debug!("memnode {}: chunk {:#x} allocated ahead", node.name, a.addr);
+                    lock(&node.pool).add_chunk(a);
+                }
+                Err(e) if e.is_no_space() => {}
+                Err(e) => log::warn!("allocating ahead: {}", node.control_error(e)),
+            }
+        })
+}
