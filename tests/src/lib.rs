@@ -93,12 +93,14 @@ pub fn heavy_test() -> MutexGuard<'static, ()> {
     HEAVY.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The errno's symbolic name, for failure messages.
+/// The errno's symbolic name, for failure messages (EWOULDBLOCK is EAGAIN on Linux).
 pub fn errno_name(code: i32) -> &'static str {
     match code {
         libc::EPERM => "EPERM",
         libc::ENOENT => "ENOENT",
         libc::EIO => "EIO",
+        libc::ENXIO => "ENXIO",
+        libc::E2BIG => "E2BIG",
         libc::EBADF => "EBADF",
         libc::EAGAIN => "EAGAIN",
         libc::ENOMEM => "ENOMEM",
@@ -109,8 +111,13 @@ pub fn errno_name(code: i32) -> &'static str {
         libc::EINVAL => "EINVAL",
         libc::EFBIG => "EFBIG",
         libc::ENOSPC => "ENOSPC",
+        libc::ERANGE => "ERANGE",
+        libc::EDEADLK => "EDEADLK",
+        libc::ENAMETOOLONG => "ENAMETOOLONG",
+        libc::ENOLCK => "ENOLCK",
         libc::ENOTEMPTY => "ENOTEMPTY",
         libc::ENOSYS => "ENOSYS",
+        libc::ENODATA => "ENODATA",
         libc::ENOTCONN => "ENOTCONN",
         libc::ETIMEDOUT => "ETIMEDOUT",
         libc::ECONNABORTED => "ECONNABORTED",
@@ -174,4 +181,26 @@ pub fn dir_names(dir: &std::path::Path) -> std::collections::BTreeSet<String> {
                 .into_owned()
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::errno_name;
+
+    #[test]
+    fn errno_names_cover_the_errnos_the_tests_assert() {
+        for (code, name) in [
+            (libc::ENODATA, "ENODATA"),
+            (libc::ERANGE, "ERANGE"),
+            (libc::ENXIO, "ENXIO"),
+            (libc::E2BIG, "E2BIG"),
+            (libc::ENAMETOOLONG, "ENAMETOOLONG"),
+            (libc::EWOULDBLOCK, "EAGAIN"),
+            (libc::EDEADLK, "EDEADLK"),
+            (libc::ENOLCK, "ENOLCK"),
+        ] {
+            assert_eq!(errno_name(code), name, "name of errno {code}");
+        }
+        assert_eq!(errno_name(-1), "another errno");
+    }
 }
