@@ -16,6 +16,10 @@
 //!   and kills fsd, so a failing test never leaves a mount behind.
 //! - [`within`] runs a closure under a time limit: it proves "fails in bounded time"
 //!   rather than hanging the suite.
+//! - [`command`] runs the real programs the tests use on a mount (tar, git, sqlite3,
+//!   cargo) with a time limit, failing with their output; [`tree`] generates a
+//!   reproducible source tree for them; [`kernel`] drops the page cache and counts a
+//!   file's cached pages; [`TmpfsMount`] is the local filesystem tests compare with.
 //! - [`data`] makes reproducible pseudorandom file contents from a printed seed, reads
 //!   files around the kernel page cache (`O_DIRECT`) and reports the first differing
 //!   offset of a miscompare.
@@ -23,15 +27,20 @@
 //! Every wait is bounded by a deadline; nothing synchronises with a bare sleep.
 
 pub mod binaries;
+pub mod command;
 pub mod data;
 pub mod fsd;
+pub mod kernel;
 pub mod memnode;
 mod output;
+pub mod tmpfs;
 pub mod transport;
+pub mod tree;
 
 pub use data::{Pattern, UncachedReader, MIB};
 pub use fsd::{mount_entry, FsdMount, MountEntry};
 pub use memnode::MemnodeProc;
+pub use tmpfs::TmpfsMount;
 pub use transport::Transport;
 
 use std::io;
