@@ -413,19 +413,29 @@ impl RmemFs {
         let inode = self.file_inode(ino)?;
         let _io = inode.io_shared();
         let bs = self.block_size;
+        self.allocate_blocks(&inode, offset / bs..(end - 1) / bs + 1)?;
+        self.write_allocated(&inode, offset, data)
+    }
+
+    /// The second half of [`RmemFs::write`]: `data` into blocks that have locations,
+    /// under the caller's io lock. Writers hold that lock shared, so another write may
+    /// have filled a block this one allocated, and the page may even have gone to
+    /// remote memory since: a partly written block is therefore always loaded, never
+    /// assumed empty because this writer allocated it. Loading a block whose content
+    /// never reached remote memory yields zeros without a remote read (`written`).
+    fn write_allocated(&self, inode: &Inode, offset: u64, data: &[u8]) -> FsResult<u32> {
+        let end = offset + data.len() as u64;
+        let bs = self.block_size;
         let first = offset / bs;
         let last = (end - 1) / bs;
-        let fresh = self.allocate_blocks(&inode, first..last + 1)?;
         self.cache.access(
             self,
-            ino,
+            inode.ino,
             first..last + 1,
             |i| {
                 let block_start = i * bs;
                 if offset <= block_start && end >= block_start + bs {
                     Fill::Overwrite
-                } else if fresh.contains(&i) {
-                    Fill::Zero
                 } else {
                     Fill::Load
                 }

@@ -124,14 +124,14 @@ fn empty(r: Result<(), FsError>, reply: ReplyEmpty) {
     }
 }
 
-/// Open flags the kernel passes that change how fsd serves the handle.
-fn fopen_flags(flags: OpenFlags) -> FopenFlags {
-    if flags.0 & libc::O_DIRECT != 0 {
-        FopenFlags::FOPEN_DIRECT_IO
-    } else {
-        FopenFlags::empty()
-    }
-}
+/// How every handle is served: through the kernel's page cache, O_DIRECT ones included.
+/// The kernel itself sends an O_DIRECT handle's reads and writes straight to fsd (its
+/// generic direct-I/O path), and with it gives what a local filesystem gives: dirty
+/// pages of the range written back before a direct read, cached pages dropped after a
+/// direct write, and shared mappings allowed. FOPEN_DIRECT_IO would bypass that path:
+/// without FUSE_DIRECT_IO_ALLOW_MMAP (kernel 6.6 and later) the kernel refuses a shared
+/// mmap of such a handle with ENODEV, which no local filesystem does.
+const FOPEN_FLAGS: FopenFlags = FopenFlags::empty();
 
 fn xattr_reply(r: Result<Vec<u8>, FsError>, size: u32, reply: ReplyXattr) {
     match r {
@@ -308,9 +308,9 @@ impl Filesystem for FuseAdapter {
         self.entry(self.fs.link(ino.0, newparent.0, newname), reply);
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(ino.0) {
-            Ok(_) => reply.opened(FileHandle(0), fopen_flags(flags)),
+            Ok(_) => reply.opened(FileHandle(0), FOPEN_FLAGS),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -475,7 +475,7 @@ impl Filesystem for FuseAdapter {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        flags: i32,
+        _flags: i32,
         reply: ReplyCreate,
     ) {
         match self.fs.create(parent.0, name, mode & !umask, caller(req)) {
@@ -484,7 +484,7 @@ impl Filesystem for FuseAdapter {
                 &file_attr(&a, self.block_size),
                 Generation(0),
                 FileHandle(0),
-                fopen_flags(OpenFlags(flags)),
+                FOPEN_FLAGS,
             ),
             Err(e) => reply.error(errno(&e)),
         }

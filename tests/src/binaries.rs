@@ -63,6 +63,25 @@ pub fn fsx() -> PathBuf {
     })
 }
 
+/// A program the tests run on a mount (`tar`, `git`, `sqlite3`), from PATH; panics
+/// naming the Debian package that provides it: a missing program fails the test, it
+/// does not skip it.
+pub fn program(name: &str, package: &str) -> PathBuf {
+    find_on_path(name).unwrap_or_else(|| {
+        panic!("{name} is not on PATH: install it (`apt-get install {package}`)")
+    })
+}
+
+/// The cargo that runs these tests (`$CARGO`, which cargo sets for its children), else
+/// the first one on PATH.
+pub fn cargo() -> PathBuf {
+    std::env::var_os("CARGO")
+        .map(PathBuf::from)
+        .filter(|p| is_executable(p))
+        .or_else(|| find_on_path("cargo"))
+        .unwrap_or_else(|| panic!("no cargo: neither $CARGO nor PATH names one"))
+}
+
 /// The first executable called `name` on PATH.
 pub fn find_on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;

@@ -16,6 +16,10 @@
 //!   and kills fsd, so a failing test never leaves a mount behind.
 //! - [`within`] runs a closure under a time limit: it proves "fails in bounded time"
 //!   rather than hanging the suite.
+//! - [`command`] runs the real programs the tests use on a mount (tar, git, sqlite3,
+//!   cargo) with a time limit, failing with their output; [`tree`] generates a
+//!   reproducible source tree for them; [`kernel`] drops the page cache and counts a
+//!   file's cached pages; [`TmpfsMount`] is the local filesystem tests compare with.
 //! - [`data`] makes reproducible pseudorandom file contents from a printed seed, reads
 //!   files around the kernel page cache (`O_DIRECT`) and reports the first differing
 //!   offset of a miscompare.
@@ -23,15 +27,20 @@
 //! Every wait is bounded by a deadline; nothing synchronises with a bare sleep.
 
 pub mod binaries;
+pub mod command;
 pub mod data;
 pub mod fsd;
+pub mod kernel;
 pub mod memnode;
 mod output;
+pub mod tmpfs;
 pub mod transport;
+pub mod tree;
 
 pub use data::{Pattern, UncachedReader, MIB};
 pub use fsd::{mount_entry, FsdMount, MountEntry};
 pub use memnode::MemnodeProc;
+pub use tmpfs::TmpfsMount;
 pub use transport::Transport;
 
 use std::io;
@@ -93,12 +102,14 @@ pub fn heavy_test() -> MutexGuard<'static, ()> {
     HEAVY.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The errno's symbolic name, for failure messages.
+/// The errno's symbolic name, for failure messages (EWOULDBLOCK is EAGAIN on Linux).
 pub fn errno_name(code: i32) -> &'static str {
     match code {
         libc::EPERM => "EPERM",
         libc::ENOENT => "ENOENT",
         libc::EIO => "EIO",
+        libc::ENXIO => "ENXIO",
+        libc::E2BIG => "E2BIG",
         libc::EBADF => "EBADF",
         libc::EAGAIN => "EAGAIN",
         libc::ENOMEM => "ENOMEM",
@@ -109,8 +120,13 @@ pub fn errno_name(code: i32) -> &'static str {
         libc::EINVAL => "EINVAL",
         libc::EFBIG => "EFBIG",
         libc::ENOSPC => "ENOSPC",
+        libc::ERANGE => "ERANGE",
+        libc::EDEADLK => "EDEADLK",
+        libc::ENAMETOOLONG => "ENAMETOOLONG",
+        libc::ENOLCK => "ENOLCK",
         libc::ENOTEMPTY => "ENOTEMPTY",
         libc::ENOSYS => "ENOSYS",
+        libc::ENODATA => "ENODATA",
         libc::ENOTCONN => "ENOTCONN",
         libc::ETIMEDOUT => "ETIMEDOUT",
         libc::ECONNABORTED => "ECONNABORTED",
@@ -174,4 +190,26 @@ pub fn dir_names(dir: &std::path::Path) -> std::collections::BTreeSet<String> {
                 .into_owned()
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::errno_name;
+
+    #[test]
+    fn errno_names_cover_the_errnos_the_tests_assert() {
+        for (code, name) in [
+            (libc::ENODATA, "ENODATA"),
+            (libc::ERANGE, "ERANGE"),
+            (libc::ENXIO, "ENXIO"),
+            (libc::E2BIG, "E2BIG"),
+            (libc::ENAMETOOLONG, "ENAMETOOLONG"),
+            (libc::EWOULDBLOCK, "EAGAIN"),
+            (libc::EDEADLK, "EDEADLK"),
+            (libc::ENOLCK, "ENOLCK"),
+        ] {
+            assert_eq!(errno_name(code), name, "name of errno {code}");
+        }
+        assert_eq!(errno_name(-1), "another errno");
+    }
 }

@@ -349,3 +349,35 @@ fn seek_data_and_hole_follow_the_block_map() {
         .unwrap();
     assert_eq!(r.fs.seek(ino, 0, Seek::Data), Ok(9 * BS));
 }
+
+#[test]
+fn two_writers_racing_into_a_new_block_both_land_even_if_it_is_evicted_between_them() {
+    // The kernel sends write-back of a shared mapping as concurrent WRITEs; two of them
+    // can cover different parts of the same new block. Writer A gives the block its
+    // location, then writer B (seeing the block exists) writes the second half, the
+    // page is evicted to remote memory, and only then does A write the first half.
+    let r = rig(16 << 20, 2 * BS, 1 << 20);
+    let ino = new_file(&r.fs, "racing");
+    let inode = r.fs.ns.get(ino).unwrap();
+    let half = (BS / 2) as usize;
+    let (a, b) = (pattern(half, 21), pattern(half, 22));
+    let fresh = r.fs.allocate_blocks(&inode, 0..1).unwrap();
+    assert_eq!(fresh, vec![0], "writer A allocated block 0");
+    r.fs.write(ino, half as u64, &b).unwrap();
+    let other = new_file(&r.fs, "evictor");
+    r.fs.write(other, 0, &pattern(8 * BS as usize, 23)).unwrap();
+    r.fs.fsync(other).unwrap();
+    assert_eq!(
+        r.fs.cache.cached_pages(),
+        2,
+        "the cache holds the evictor's pages only"
+    );
+    r.fs.write_allocated(&inode, 0, &a).unwrap();
+    let got = r.fs.read(ino, 0, BS as u32).unwrap();
+    assert!(got[..half] == a[..], "writer A's half is in the block");
+    let lost = got[half..].iter().zip(&b).position(|(g, w)| g != w);
+    assert_eq!(
+        lost, None,
+        "writer B's half must survive A's late fill (first lost byte at {lost:?} of it)"
+    );
+}
