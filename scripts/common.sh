@@ -36,7 +36,8 @@ apt_install() {
 # libclang for its bindings.
 install_system_packages() {
     apt_install fuse3 pkg-config build-essential ca-certificates curl \
-        libibverbs-dev librdmacm-dev libclang-dev clang
+        libibverbs-dev librdmacm-dev libclang-dev clang \
+        git sqlite3 tar
 }
 
 # What the Soft-RoCE VM stage (scripts/softroce) needs on the host: qemu, the guest's
