@@ -33,7 +33,7 @@ apt_install() {
 # System packages: fuse3 (fusermount3, /etc/fuse.conf), a C toolchain for crates that
 # build C, curl and CA certificates for rustup, and what rdma-sys (the verbs backend,
 # built by default) needs: pkg-config, the libibverbs and librdmacm headers, and
-# libclang for its bindings.
+# libclang for its bindings; git and sqlite3 for the real-program tests.
 install_system_packages() {
     apt_install fuse3 pkg-config build-essential ca-certificates curl \
         libibverbs-dev librdmacm-dev libclang-dev clang \
