@@ -530,10 +530,8 @@ fn chmod_chown_and_utimens_are_visible_in_stat() {
     fsd.unmount();
 }
 
-#[test]
-fn statfs_reports_the_memnode_capacity() {
-    let (fsd, memnode) = mount("256M");
-    let c = CString::new(fsd.path().as_os_str().as_bytes()).expect("path without NUL");
+fn statvfs(path: &Path) -> libc::statvfs {
+    let c = CString::new(path.as_os_str().as_bytes()).expect("path without NUL");
     // SAFETY: statvfs is plain data, so all-zero is a valid value for it.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `c` is a NUL-terminated path and `st` a valid statvfs to fill.
@@ -544,7 +542,46 @@ fn statfs_reports_the_memnode_capacity() {
         "statvfs of the mount: {}",
         std::io::Error::last_os_error()
     );
-    let total = st.f_blocks as u64 * st.f_frsize as u64;
+    st
+}
+
+#[test]
+fn statfs_free_space_follows_what_files_use_in_remote_memory() {
+    let (fsd, _memnode) = mount("256M");
+    let free = |st: &libc::statvfs| st.f_bfree * st.f_frsize;
+    let before = free(&statvfs(fsd.path()));
+    let path = fsd.join("big");
+    let pattern = Pattern::for_test("statfs free space");
+    pattern.write_file(&path, 48 * MIB);
+    fs::File::open(&path)
+        .and_then(|f| f.sync_all())
+        .expect("fsync");
+    let written = free(&statvfs(fsd.path()));
+    println!("free: {before} before, {written} with 48 MiB written");
+    assert!(
+        before.saturating_sub(written) >= 47 * MIB,
+        "48 MiB of data must take at least 47 MiB off the free space: {before} -> {written}"
+    );
+    assert!(
+        before.saturating_sub(written) <= 48 * MIB + 4 * MIB,
+        "48 MiB of data took {} bytes off the free space",
+        before - written
+    );
+    fs::remove_file(&path).expect("unlink");
+    let after = free(&statvfs(fsd.path()));
+    println!("free after unlink: {after}");
+    assert!(
+        after + MIB >= before,
+        "unlinking gives the space back: {before} before, {after} after"
+    );
+    fsd.unmount();
+}
+
+#[test]
+fn statfs_reports_the_memnode_capacity() {
+    let (fsd, memnode) = mount("256M");
+    let st = statvfs(fsd.path());
+    let total = st.f_blocks * st.f_frsize;
     let cap = memnode.capacity();
     println!(
         "statfs: {} blocks of {} = {total} bytes; memnode capacity {cap}",
