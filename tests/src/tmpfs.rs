@@ -1,8 +1,27 @@
 //! A tmpfs mounted for one test: the local filesystem the mount tests compare rmemfs
 //! with, where a behaviour could differ. Unmounted (lazily if busy) on drop.
 
+use crate::{FsdMount, MemnodeProc};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+/// Runs `scenario` on a fresh tmpfs of `tmpfs_size`, then on rmemfs (a memnode of
+/// `memnode_size`, fsd started with `fsd_args`), passing each mount's path and name
+/// (`tmpfs`, `rmemfs`), so a test asserts the same behaviour on both.
+pub fn on_tmpfs_and_rmemfs(
+    tmpfs_size: &str,
+    memnode_size: &str,
+    fsd_args: &[&str],
+    scenario: impl Fn(&Path, &str),
+) {
+    let tmpfs = TmpfsMount::start(tmpfs_size);
+    scenario(tmpfs.path(), "tmpfs");
+    drop(tmpfs);
+    let memnode = MemnodeProc::start(memnode_size);
+    let fsd = FsdMount::with_memnode(&memnode, fsd_args);
+    scenario(fsd.path(), "rmemfs");
+    fsd.unmount();
+}
 
 pub struct TmpfsMount {
     path: PathBuf,

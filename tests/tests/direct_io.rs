@@ -11,7 +11,7 @@
 
 use rmemfs_tests::data::{assert_bytes_eq, create};
 use rmemfs_tests::kernel::{drop_page_cache, resident_pages, AlignedBuf, Mapping};
-use rmemfs_tests::{heavy_test, FsdMount, MemnodeProc, Pattern, TmpfsMount, MIB};
+use rmemfs_tests::{heavy_test, FsdMount, MemnodeProc, Pattern, MIB};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
@@ -55,14 +55,14 @@ fn direct_write(f: &File, offset: u64, data: &[u8]) {
         .unwrap_or_else(|e| panic!("O_DIRECT write of {} at {offset}: {e}", data.len()));
 }
 
-/// Runs `scenario` on a tmpfs and on rmemfs, naming each.
+/// Runs `scenario` on a tmpfs and on rmemfs (a 2 MiB cache), naming each.
 fn on_tmpfs_and_rmemfs(scenario: impl Fn(&Path, &str)) {
-    let tmpfs = TmpfsMount::start("64M");
-    scenario(tmpfs.path(), "tmpfs");
-    drop(tmpfs);
-    let (fsd, _memnode) = rmemfs();
-    scenario(fsd.path(), "rmemfs");
-    fsd.unmount();
+    rmemfs_tests::tmpfs::on_tmpfs_and_rmemfs(
+        "64M",
+        "256M",
+        &["--cache", "2M", "--block-size", "64K"],
+        scenario,
+    );
 }
 
 #[test]

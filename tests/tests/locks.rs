@@ -11,7 +11,7 @@
 //! flock, fcntl, read and write on pipes, _exit): safe after fork in a threaded
 //! program. It takes orders over a pipe and answers each with 0 or the errno.
 
-use rmemfs_tests::{assert_errno, describe, within, FsdMount, MemnodeProc, TmpfsMount};
+use rmemfs_tests::{assert_errno, describe, within};
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -229,13 +229,7 @@ fn open_rw(path: &Path) -> File {
 
 /// Runs `scenario` on a tmpfs and on rmemfs, naming each.
 fn on_tmpfs_and_rmemfs(scenario: impl Fn(&Path, &str)) {
-    let tmpfs = TmpfsMount::start("16M");
-    scenario(tmpfs.path(), "tmpfs");
-    drop(tmpfs);
-    let memnode = MemnodeProc::start("64M");
-    let fsd = FsdMount::with_memnode(&memnode, &["--cache", "2M"]);
-    scenario(fsd.path(), "rmemfs");
-    fsd.unmount();
+    rmemfs_tests::tmpfs::on_tmpfs_and_rmemfs("16M", "64M", &["--cache", "2M"], scenario);
 }
 
 #[track_caller]

@@ -10,7 +10,7 @@
 
 use rmemfs_tests::data::{assert_bytes_eq, create};
 use rmemfs_tests::kernel::{drop_page_cache, page_size, Mapping};
-use rmemfs_tests::{heavy_test, FsdMount, MemnodeProc, Pattern, TmpfsMount, UncachedReader, MIB};
+use rmemfs_tests::{heavy_test, FsdMount, MemnodeProc, Pattern, UncachedReader, MIB};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -36,12 +36,12 @@ fn read_all(path: &Path) -> Vec<u8> {
 
 /// Runs `scenario` on a tmpfs and on rmemfs (a small cache), naming each.
 fn on_tmpfs_and_rmemfs(scenario: impl Fn(&Path, &str)) {
-    let tmpfs = TmpfsMount::start("64M");
-    scenario(tmpfs.path(), "tmpfs");
-    drop(tmpfs);
-    let (fsd, _memnode) = rmemfs("2M");
-    scenario(fsd.path(), "rmemfs");
-    fsd.unmount();
+    rmemfs_tests::tmpfs::on_tmpfs_and_rmemfs(
+        "64M",
+        "256M",
+        &["--cache", "2M", "--block-size", "64K"],
+        scenario,
+    );
 }
 
 #[test]
