@@ -3,7 +3,7 @@
 
 use crate::fs::{Caller, RmemFs};
 use crate::fuse::FuseAdapter;
-use crate::remote::{Connector, RemoteConfig, RemoteStore};
+use crate::remote::{Connector, RemoteConfig, RemoteStore, MAX_REPLICAS};
 use crate::stats::Snapshot;
 use anyhow::{bail, Context};
 use clap::Parser;
@@ -17,6 +17,10 @@ use std::time::Duration;
 
 /// How often `--stats-file` is rewritten.
 const STATS_PERIOD: Duration = Duration::from_secs(1);
+/// How often each memnode gets a heartbeat, or a reconnect attempt while it is down.
+const WATCH_INTERVAL: Duration = Duration::from_secs(1);
+/// How often copies are counted and degraded blocks re-replicated.
+const MAINTAIN_INTERVAL: Duration = Duration::from_secs(1);
 
 fn size_arg(s: &str) -> Result<u64, String> {
     parse_size(s)
@@ -32,6 +36,14 @@ pub struct Options {
     /// embedded memnode in-process.
     #[arg(long = "memnode", value_name = "HOST:PORT")]
     pub memnodes: Vec<String>,
+    /// Copies of every block, each on a different memnode (1 to 4, at most the number
+    /// of memnodes). With 2 or more, losing a memnode loses no data.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
+    /// Bytes per second that re-replication may copy to bring blocks that lost a copy
+    /// with a memnode back to --replicas copies.
+    #[arg(long, default_value = "256M", value_parser = size_arg)]
+    pub rereplication_rate: u64,
     /// Local page cache size (e.g. 256M).
     #[arg(long, default_value = "256M", value_parser = size_arg)]
     pub cache: u64,
@@ -89,6 +101,18 @@ impl Options {
         }
         if !(1..=64).contains(&self.threads) || !(1..=64).contains(&self.connections) {
             bail!("--threads and --connections must be between 1 and 64");
+        }
+        let nodes = self.memnodes.len().max(1);
+        if !(1..=MAX_REPLICAS).contains(&self.replicas) || self.replicas > nodes {
+            bail!(
+                "--replicas must be between 1 and {} and at most the number of memnodes \
+                 ({nodes}), got {}",
+                MAX_REPLICAS,
+                self.replicas
+            );
+        }
+        if self.rereplication_rate < self.block_size {
+            bail!("--rereplication-rate must be at least one block per second");
         }
         let token_len = self.token.as_ref().map_or(0, |t| t.len());
         if token_len > rmemfs_common::protocol::MAX_TOKEN_LEN {
@@ -206,8 +230,8 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     }
     let client_id = random_u64();
     let transport = opts.transport;
-    let connector: Box<Connector> =
-        Box::new(move |peer: &str| fabric::connect(transport, peer, client_id, timeout));
+    let connector: Arc<Connector> =
+        Arc::new(move |peer: &str, client: u64| fabric::connect(transport, peer, client, timeout));
     let remote = RemoteStore::connect(
         &memnodes,
         &RemoteConfig {
@@ -216,8 +240,10 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             connections: opts.connections,
             client_id,
             token,
+            replicas: opts.replicas,
+            watch_interval: WATCH_INTERVAL,
         },
-        connector.as_ref(),
+        connector,
     )
     .context("connecting to memnodes")?;
     // SAFETY: geteuid/getegid have no preconditions and cannot fail.
@@ -313,6 +339,18 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         })
     };
 
+    // Counting copies and re-replicating, once a second.
+    let maintainer = {
+        let fs = fs.clone();
+        let stop = stop.clone();
+        let budget = (opts.rereplication_rate / opts.block_size).max(1) as usize;
+        std::thread::spawn(move || {
+            while !stop.wait(MAINTAIN_INTERVAL) {
+                fs.maintain(budget);
+            }
+        })
+    };
+
     let stats_writer = opts.stats_file.clone().map(|path| {
         let fs = fs.clone();
         let stop = stop.clone();
@@ -332,6 +370,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     stop.stop();
     signal_handle.close();
     let _ = flusher.join();
+    let _ = maintainer.join();
     if let Some(t) = stats_writer {
         let _ = t.join();
     }

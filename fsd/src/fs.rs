@@ -3,20 +3,21 @@
 //! tested directly.
 //!
 //! Data path invariants:
-//! - A block gets its remote location when it is first written, before the write is
+//! - A block gets its remote copies when it is first written, before the write is
 //!   acknowledged; so full remote memory fails the write with ENOSPC, and write-back
-//!   (on eviction, fsync, flush or the periodic flusher) never needs to allocate.
+//!   (on eviction, fsync, flush or the periodic flusher) allocates only to replace
+//!   copies lost with a memnode (`backing.rs`).
 //! - A block that is in the block map holds, in remote memory or in a dirty page, the
 //!   bytes of the file; bytes past end-of-file inside the last block are zero.
 //! - A block freed (truncate, delete) is first dropped from the cache, waiting for any
 //!   write-back of it in flight, then given back: no stale page can ever write into a
 //!   block that has been reused.
 
-use crate::cache::{Backing, Fill, PageCache, PageKey};
+use crate::cache::{Fill, PageCache};
 use crate::error::{FsError, FsResult};
 use crate::inode::{Attr, BlockEntry, FileKind, Ino, Inode};
 use crate::namespace::{DirEntry, Namespace, NewInode, RenameMode};
-use crate::remote::{BlockIo, BlockLoc, RemoteStore};
+use crate::remote::{BlockLoc, RemoteStore};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -67,6 +68,8 @@ pub struct RmemFs {
     block_size: u64,
     /// Blocks read ahead of a sequential reader.
     readahead_blocks: u64,
+    /// What the last maintenance pass counted (`repair.rs`).
+    redundancy: std::sync::Mutex<Redundancy>,
 }
 
 impl RmemFs {
@@ -81,6 +84,7 @@ impl RmemFs {
             remote,
             block_size,
             readahead_blocks,
+            redundancy: Default::default(),
         }
     }
 
@@ -532,93 +536,19 @@ impl RmemFs {
         }
         self.remote.release_all();
     }
-
-    /// Remote memory now holds block `key`'s content (if it still lives at `loc`).
-    fn mark_written(&self, key: PageKey, loc: BlockLoc) {
-        if let Ok(inode) = self.ns.get(key.0) {
-            if let Some(e) = inode.meta().blocks.get_mut(&key.1) {
-                if e.loc == loc {
-                    e.written = true;
-                }
-            }
-        }
-    }
-
-    fn record_write_error(&self, key: PageKey, e: &FsError) {
-        if let Ok(inode) = self.ns.get(key.0) {
-            let mut m = inode.meta();
-            if m.write_error.is_none() {
-                m.write_error = Some(e.clone());
-            }
-        }
-    }
 }
 
-impl Backing for RmemFs {
-    fn load(&self, pages: &mut [(PageKey, &mut [u8])]) -> Vec<Result<(), FsError>> {
-        // Holes, and blocks whose content never reached remote memory, read as zeros.
-        let locs: Vec<Option<BlockLoc>> = pages
-            .iter()
-            .map(|((ino, idx), _)| {
-                let inode = self.ns.get(*ino).ok()?;
-                let entry = inode.meta().blocks.get(idx).copied()?;
-                entry.written.then_some(entry.loc)
-            })
-            .collect();
-        let mut results: Vec<Result<(), FsError>> = pages.iter().map(|_| Ok(())).collect();
-        let mut ios = Vec::new();
-        let mut which = Vec::new();
-        for (n, ((_, buf), loc)) in pages.iter_mut().zip(&locs).enumerate() {
-            match loc {
-                Some(l) => {
-                    ios.push(BlockIo::Read(*l, &mut buf[..]));
-                    which.push(n);
-                }
-                None => buf.fill(0),
-            }
-        }
-        for (n, r) in which.into_iter().zip(self.remote.execute(&mut ios)) {
-            results[n] = r.map_err(FsError::from);
-        }
-        results
-    }
+mod backing;
+mod repair;
 
-    fn store(&self, pages: &[(PageKey, &[u8])]) -> Vec<Result<(), FsError>> {
-        let mut ios = Vec::new();
-        let mut which = Vec::new();
-        for (n, ((ino, idx), buf)) in pages.iter().enumerate() {
-            let loc = self
-                .ns
-                .get(*ino)
-                .ok()
-                .and_then(|i| i.meta().blocks.get(idx).map(|e| e.loc));
-            // No location: the block was truncated away or the file deleted meanwhile.
-            if let Some(l) = loc {
-                ios.push(BlockIo::Write(l, buf));
-                which.push((n, l));
-            }
-        }
-        let mut results: Vec<Result<(), FsError>> = pages.iter().map(|_| Ok(())).collect();
-        for ((n, loc), r) in which.into_iter().zip(self.remote.execute(&mut ios)) {
-            let key = pages[n].0;
-            match r {
-                Ok(()) => self.mark_written(key, loc),
-                Err(e) => {
-                    let e = FsError::from(e);
-                    self.record_write_error(key, &e);
-                    results[n] = Err(e);
-                }
-            }
-        }
-        results
-    }
-}
-
+pub use repair::Redundancy;
 mod space;
 mod xattr;
 
 pub use space::{Allocate, Seek};
 pub use xattr::SetXattrMode;
 
+#[cfg(test)]
+mod replication_tests;
 #[cfg(test)]
 mod tests;

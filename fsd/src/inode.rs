@@ -50,13 +50,14 @@ pub struct Attr {
     pub ctime: SystemTime,
 }
 
-/// One block of a file: where it lives, and whether remote memory holds its content.
+/// One block of a file: where its copies live, and whether remote memory holds its
+/// content.
 ///
 /// A block gets its location when first written, but its remote bytes are undefined
 /// (a reused block holds whatever was there) until its page is written back. Until
 /// then `written` is false and loading the block yields zeros, never remote bytes: a
 /// reader racing the first writer must not pull stale data into the cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockEntry {
     pub loc: BlockLoc,
     pub written: bool,

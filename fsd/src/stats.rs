@@ -1,15 +1,17 @@
 //! fsd's statistics: counters of remote traffic and of the page cache, written as a
 //! small JSON object to the file `--stats-file` names (replaced atomically once a
 //! second and at exit), so benchmarks and operators can read per-interval deltas
-//! without any control traffic to the memnodes.
+//! without any control traffic to the memnodes. It also shows redundancy: which
+//! memnodes are up, how many copies each holds, and how many blocks are degraded
+//! (fewer copies than `--replicas`) or lost.
 
-use crate::fs::RmemFs;
+use crate::fs::{Redundancy, RmemFs};
 use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
 /// One reading of every counter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Snapshot {
     pub remote_reads: u64,
     pub remote_read_bytes: u64,
@@ -25,6 +27,12 @@ pub struct Snapshot {
     pub cache_pages: u64,
     pub cache_capacity_pages: u64,
     pub block_size: u64,
+    pub copies_restored: u64,
+    pub replicas: u64,
+    /// Per memnode, in command-line order.
+    pub node_up: Vec<bool>,
+    /// As of the last maintenance pass (once a second).
+    pub redundancy: Redundancy,
 }
 
 impl Snapshot {
@@ -47,12 +55,23 @@ impl Snapshot {
             cache_pages: fs.cache().cached_pages() as u64,
             cache_capacity_pages: fs.cache().capacity_pages() as u64,
             block_size: fs.remote().block_size(),
+            copies_restored: get(&r.copies_restored),
+            replicas: fs.remote().replicas() as u64,
+            node_up: (0..fs.remote().node_count())
+                .map(|i| fs.remote().node_is_up(i))
+                .collect(),
+            redundancy: fs.redundancy(),
         }
     }
 
-    /// The snapshot as one JSON object, field names as in the struct.
+    /// The snapshot as one flat JSON object of counters: field names as in the
+    /// struct, then `nodes_up`, `nodes_down`, `blocks`, `blocks_degraded`,
+    /// `blocks_lost`, `rereplicated_blocks` (copies restored) and per memnode `i`
+    /// `node{i}_up` (1 or 0) and `node{i}_blocks` (copies it holds).
     pub fn to_json(&self) -> String {
-        let fields = [
+        let up = self.node_up.iter().filter(|&&u| u).count() as u64;
+        let rd = &self.redundancy;
+        let mut fields: Vec<(String, u64)> = [
             ("remote_reads", self.remote_reads),
             ("remote_read_bytes", self.remote_read_bytes),
             ("remote_writes", self.remote_writes),
@@ -67,7 +86,22 @@ impl Snapshot {
             ("cache_pages", self.cache_pages),
             ("cache_capacity_pages", self.cache_capacity_pages),
             ("block_size", self.block_size),
-        ];
+            ("replicas", self.replicas),
+            ("nodes_up", up),
+            ("nodes_down", self.node_up.len() as u64 - up),
+            ("blocks", rd.blocks),
+            ("blocks_degraded", rd.degraded),
+            ("blocks_lost", rd.lost),
+            ("rereplicated_blocks", self.copies_restored),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        for (i, &u) in self.node_up.iter().enumerate() {
+            fields.push((format!("node{i}_up"), u as u64));
+            let copies = rd.per_node.get(i).copied().unwrap_or(0);
+            fields.push((format!("node{i}_blocks"), copies));
+        }
         let body: Vec<String> = fields
             .iter()
             .map(|(k, v)| format!("  \"{k}\": {v}"))
@@ -99,15 +133,37 @@ mod tests {
             remote_read_bytes: 196608,
             chunk_allocs: 1,
             block_size: 65536,
+            replicas: 2,
+            node_up: vec![true, false],
+            redundancy: Redundancy {
+                blocks: 10,
+                degraded: 4,
+                lost: 1,
+                per_node: vec![9, 0],
+            },
             ..Snapshot::default()
         };
         let json = s.to_json();
+        for line in [
+            "\"replicas\": 2,",
+            "\"nodes_up\": 1,",
+            "\"nodes_down\": 1,",
+            "\"blocks\": 10,",
+            "\"blocks_degraded\": 4,",
+            "\"blocks_lost\": 1,",
+            "\"node0_up\": 1,",
+            "\"node0_blocks\": 9,",
+            "\"node1_up\": 0,",
+            "\"node1_blocks\": 0\n",
+        ] {
+            assert!(json.contains(line), "{line} in {json}");
+        }
         assert!(json.starts_with('{') && json.trim_end().ends_with('}'));
         assert!(json.contains("\"remote_reads\": 3,"), "{json}");
         assert!(json.contains("\"remote_read_bytes\": 196608,"), "{json}");
         assert!(json.contains("\"chunk_allocs\": 1,"), "{json}");
-        assert!(json.contains("\"block_size\": 65536\n"), "{json}");
-        assert_eq!(json.matches(':').count(), 14);
+        assert!(json.contains("\"block_size\": 65536,"), "{json}");
+        assert_eq!(json.matches(':').count(), 14 + 7 + 2 * 2);
     }
 
     #[test]

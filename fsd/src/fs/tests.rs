@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::inode::ROOT_INO;
-use crate::remote::RemoteConfig;
+use crate::remote::{Connector, RemoteConfig};
 use rmemfs_common::fabric::fault::{Faults, FaultyEndpoint};
 use rmemfs_common::fabric::tcp::TcpEndpoint;
 use rmemfs_common::fabric::Endpoint;
@@ -30,10 +30,10 @@ fn rig_with_faults(memnode_size: u64, cache: u64, chunk: u64, faults: Arc<Faults
     })
     .expect("memnode starts");
     let addr = node.local_addr().to_string();
-    let connect = move |peer: &str| {
+    let connect: Arc<Connector> = Arc::new(move |peer: &str, _client: u64| {
         let tcp = TcpEndpoint::connect(peer, Duration::from_secs(2))?;
         Ok(Box::new(FaultyEndpoint::new(Box::new(tcp), faults.clone())) as Box<dyn Endpoint>)
-    };
+    });
     let remote = RemoteStore::connect(
         &[addr],
         &RemoteConfig {
@@ -42,8 +42,10 @@ fn rig_with_faults(memnode_size: u64, cache: u64, chunk: u64, faults: Arc<Faults
             connections: 2,
             client_id: 42,
             token: Vec::new(),
+            replicas: 1,
+            watch_interval: Duration::from_secs(1),
         },
-        &connect,
+        connect,
     )
     .expect("connects");
     let fs = RmemFs::new(Arc::new(remote), cache, ME);

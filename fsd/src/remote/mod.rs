@@ -2,35 +2,36 @@
 //!
 //! [`RemoteStore`] places blocks on memnodes and moves their bytes:
 //!
-//! - placement: blocks come from per-node [`BlockPool`]s; nodes are tried round-robin so
-//!   files spread over all memnodes; a pool that runs dry gets a new chunk from its
-//!   memnode (one control round trip per chunk, not per block). When every node is full
-//!   the answer is [`RemoteError::NoSpace`].
-//! - I/O: [`RemoteStore::execute`] takes a batch of block reads and writes, groups it
-//!   by node and posts each group on one of that node's data connections, so a batch
-//!   is outstanding at once.
-//! - failure: a node whose connection breaks is marked down (logged once); every later
-//!   operation on it fails at once instead of waiting. Timeouts come from the fabric.
-//!
-//! A block's location is a [`BlockLoc`]: which node, which address, which rkey.
+//! - placement: a block gets copies on `replicas` distinct memnodes (a [`BlockLoc`]).
+//!   Copies come from per-node [`BlockPool`]s, nodes taken round-robin so files
+//!   spread over all memnodes and capacity and bandwidth add up; a pool that runs dry
+//!   gets a new chunk from its memnode (one control round trip per chunk, allocated
+//!   ahead by a refill thread, so not on the write path). When too few memnodes have
+//!   room the answer is [`RemoteError::NoSpace`].
+//! - I/O: reads take one copy of each block and fail over to the next copy on error;
+//!   writes go to every copy. Operations for one node are posted together on one of
+//!   its connections, so a batch is outstanding at once.
+//! - failure: a node whose connection breaks, or that does not answer an operation
+//!   or its heartbeat in time, is marked down (logged once) and its copies count as
+//!   lost; every later operation on it fails at once. A watch thread per node
+//!   reconnects it when it comes back, as a new epoch with empty memory
+//!   ([`node`]). Timeouts come from the fabric.
 
+mod node;
+mod placement;
 mod pool;
 mod refill;
+mod watch;
 
-use pool::BlockPool;
+use node::{LinkConfig, Node};
+pub use placement::{BlockLoc, Replica, MAX_REPLICAS};
 use rmemfs_common::control::{self, ControlError};
-use rmemfs_common::fabric::{Endpoint, FabricError, RdmaOp, RemoteAddr};
+use rmemfs_common::fabric::{Endpoint, FabricError, RdmaOp};
 use rmemfs_common::size::format_size;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use thiserror::Error;
-
-/// Where one block lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct BlockLoc {
-    pub node: u16,
-    pub remote: RemoteAddr,
-}
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum RemoteError {
@@ -42,11 +43,13 @@ pub enum RemoteError {
     Fabric { node: String, error: FabricError },
     #[error("memnode {node}: {error}")]
     Control { node: String, error: ControlError },
+    #[error("no copy of the block is left: the memnodes that held it were lost")]
+    Lost,
 }
 
-/// Opens one connection to a memnode (backend-specific); used for every data and
-/// control connection.
-pub type Connector = dyn Fn(&str) -> Result<Box<dyn Endpoint>, FabricError> + Send + Sync;
+/// Opens one connection to a memnode (backend-specific) for a client id; used for
+/// every data and control connection.
+pub type Connector = dyn Fn(&str, u64) -> Result<Box<dyn Endpoint>, FabricError> + Send + Sync;
 
 /// Counters of remote traffic, for statistics and benchmarks.
 #[derive(Debug, Default)]
@@ -60,70 +63,8 @@ pub struct RemoteCounters {
     /// the allocation ahead arrived): control round trips on the write path.
     pub chunk_allocs_waited: AtomicU64,
     pub chunk_frees: AtomicU64,
-}
-
-/// One memnode: its connections, its chunks, whether it is alive.
-struct Node {
-    name: String,
-    /// Data connections; operations are spread over them round-robin. The first also
-    /// carries control calls.
-    endpoints: Vec<Box<dyn Endpoint>>,
-    next_endpoint: AtomicUsize,
-    pool: Mutex<BlockPool>,
-    capacity: u64,
-    /// Set when the node refused an allocation for lack of space; cleared on a free.
-    full: AtomicBool,
-    down: Mutex<Option<String>>,
-    refill: refill::Refill,
-}
-
-impl Node {
-    fn endpoint(&self) -> &dyn Endpoint {
-        let i = self.next_endpoint.fetch_add(1, Ordering::Relaxed) % self.endpoints.len();
-        self.endpoints[i].as_ref()
-    }
-
-    fn control(&self) -> &dyn Endpoint {
-        self.endpoints[0].as_ref()
-    }
-
-    fn down_error(&self) -> Option<RemoteError> {
-        lock(&self.down)
-            .as_ref()
-            .map(|reason| RemoteError::NodeDown {
-                node: self.name.clone(),
-                reason: reason.clone(),
-            })
-    }
-
-    /// Records a fatal fabric error: the node is down from now on.
-    fn note_failure(&self, e: &FabricError) {
-        if e.is_fatal() {
-            let mut down = lock(&self.down);
-            if down.is_none() {
-                log::error!("memnode {} is down: {e}", self.name);
-                *down = Some(e.to_string());
-            }
-        }
-    }
-
-    fn fabric_error(&self, e: FabricError) -> RemoteError {
-        self.note_failure(&e);
-        RemoteError::Fabric {
-            node: self.name.clone(),
-            error: e,
-        }
-    }
-
-    fn control_error(&self, e: ControlError) -> RemoteError {
-        if let ControlError::Fabric(f) = &e {
-            self.note_failure(f);
-        }
-        RemoteError::Control {
-            node: self.name.clone(),
-            error: e,
-        }
-    }
+    /// Copies written to replace copies lost with a memnode.
+    pub copies_restored: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -139,98 +80,86 @@ pub struct RemoteConfig {
     pub connections: usize,
     pub client_id: u64,
     pub token: Vec<u8>,
+    /// Copies of every block, each on a different memnode (1..=MAX_REPLICAS).
+    pub replicas: usize,
+    /// How often each memnode gets a heartbeat (or, while down, a reconnect attempt).
+    pub watch_interval: Duration,
 }
 
 /// Every memnode this fsd uses.
 pub struct RemoteStore {
     nodes: Vec<Arc<Node>>,
+    replicas: usize,
     block_size: u64,
     chunk_size: u64,
     /// A take that leaves a node's pool with fewer free blocks asks for a chunk ahead.
     low_water: u64,
     next_node: AtomicUsize,
     pub counters: Arc<RemoteCounters>,
-    refillers: Vec<std::thread::JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
-/// One block operation in a batch given to [`RemoteStore::execute`].
-pub enum BlockIo<'a> {
-    Read(BlockLoc, &'a mut [u8]),
-    Write(BlockLoc, &'a [u8]),
+/// One remote operation on one copy, as [`RemoteStore::post`] takes them.
+struct CopyOp<'a> {
+    replica: Replica,
+    op: RdmaOp<'a>,
 }
 
-impl BlockIo<'_> {
-    fn node(&self) -> u16 {
-        match self {
-            BlockIo::Read(l, _) | BlockIo::Write(l, _) => l.node,
-        }
+fn thread_error(node: &str, what: &str, e: std::io::Error) -> RemoteError {
+    RemoteError::Fabric {
+        node: node.to_string(),
+        error: FabricError::Local(format!("cannot start a {what} thread: {e}")),
     }
 }
 
 impl RemoteStore {
-    /// Connects to every memnode (all must answer) and says hello on each connection.
+    /// Connects to every memnode (all must answer), says hello on each connection,
+    /// and starts each node's refill and watch threads.
     pub fn connect(
         memnodes: &[String],
         cfg: &RemoteConfig,
-        connector: &Connector,
+        connector: Arc<Connector>,
     ) -> Result<RemoteStore, RemoteError> {
+        let link_cfg = Arc::new(LinkConfig {
+            connections: cfg.connections.max(1),
+            client_id: cfg.client_id,
+            token: cfg.token.clone(),
+            block_size: cfg.block_size,
+        });
         let mut nodes = Vec::new();
         for name in memnodes {
-            let mut endpoints = Vec::new();
-            let mut capacity = 0;
-            for _ in 0..cfg.connections.max(1) {
-                let ep = connector(name).map_err(|e| RemoteError::Fabric {
-                    node: name.clone(),
-                    error: e,
-                })?;
-                let welcome =
-                    control::hello(ep.as_ref(), cfg.client_id, &cfg.token).map_err(|e| {
-                        RemoteError::Control {
-                            node: name.clone(),
-                            error: e,
-                        }
-                    })?;
-                capacity = welcome.capacity;
-                endpoints.push(ep);
-            }
-            log::info!(
-                "connected to memnode {name} ({} capacity, {} connections)",
-                format_size(capacity),
-                endpoints.len()
-            );
-            nodes.push(Arc::new(Node {
-                name: name.clone(),
-                endpoints,
-                next_endpoint: AtomicUsize::new(0),
-                pool: Mutex::new(BlockPool::new(cfg.block_size)),
-                capacity,
-                full: AtomicBool::new(false),
-                down: Mutex::new(None),
-                refill: refill::Refill::default(),
-            }));
+            let node = Node::connect(name, &link_cfg, connector.as_ref())?;
+            nodes.push(Arc::new(node));
         }
         let chunk_size = cfg.chunk_size.max(cfg.block_size);
         // Half a chunk's worth of blocks left: time to ask for the next chunk.
         let low_water = (chunk_size / cfg.block_size / 2).max(1);
         let counters = Arc::new(RemoteCounters::default());
-        let mut refillers = Vec::new();
+        let mut threads = Vec::new();
         for node in &nodes {
-            let t = refill::start(node, chunk_size, low_water, counters.clone()).map_err(|e| {
-                RemoteError::Fabric {
-                    node: node.name.clone(),
-                    error: FabricError::Local(format!("cannot start a refill thread: {e}")),
-                }
-            })?;
-            refillers.push(t);
+            threads.push(
+                refill::start(node, chunk_size, low_water, counters.clone())
+                    .map_err(|e| thread_error(&node.name, "refill", e))?,
+            );
+            threads.push(
+                watch::start(
+                    node,
+                    link_cfg.clone(),
+                    connector.clone(),
+                    cfg.watch_interval,
+                )
+                .map_err(|e| thread_error(&node.name, "watch", e))?,
+            );
         }
         Ok(RemoteStore {
             nodes,
+            replicas: cfg.replicas.clamp(1, MAX_REPLICAS),
             block_size: cfg.block_size,
             chunk_size,
             low_water,
             next_node: AtomicUsize::new(0),
             counters,
-            refillers,
+            threads,
         })
     }
 
@@ -238,44 +167,98 @@ impl RemoteStore {
         self.block_size
     }
 
-    /// Allocates one block, on the next node in turn that has room.
-    pub fn alloc_block(&self) -> Result<BlockLoc, RemoteError> {
-        let n = self.nodes.len();
-        let start = self.next_node.fetch_add(1, Ordering::Relaxed);
-        let mut last_err = RemoteError::NoSpace;
-        for i in 0..n {
-            let idx = (start + i) % n;
-            match self.alloc_on(idx) {
-                Ok(remote) => {
-                    return Ok(BlockLoc {
-                        node: idx as u16,
-                        remote,
-                    })
-                }
-                Err(RemoteError::NoSpace) => {}
-                Err(e) => last_err = e,
-            }
-        }
-        // Full everywhere reachable; if a node was unreachable say so only when no node
-        // could have taken it for lack of space.
-        match last_err {
-            RemoteError::NoSpace => Err(RemoteError::NoSpace),
-            e if self.nodes.iter().all(|n| n.down_error().is_some()) => Err(e),
-            _ => Err(RemoteError::NoSpace),
-        }
+    /// Copies each block should have.
+    pub fn replicas(&self) -> usize {
+        self.replicas
     }
 
-    fn alloc_on(&self, idx: usize) -> Result<RemoteAddr, RemoteError> {
-        let node = &self.nodes[idx];
-        if let Some(e) = node.down_error() {
-            return Err(e);
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn nodes_up(&self) -> usize {
+        self.nodes.iter().filter(|n| n.is_up()).count()
+    }
+
+    /// Whether node `idx` is up.
+    pub fn node_is_up(&self, idx: usize) -> bool {
+        self.nodes.get(idx).is_some_and(|n| n.is_up())
+    }
+
+    /// True when the copy `r` still exists (its node is up, in the epoch of the copy).
+    pub fn holds(&self, r: &Replica) -> bool {
+        self.nodes.get(r.node as usize).is_some_and(|n| n.holds(r))
+    }
+
+    /// How many copies of `loc` still exist.
+    pub fn live_copies(&self, loc: &BlockLoc) -> usize {
+        loc.replicas().iter().filter(|r| self.holds(r)).count()
+    }
+
+    /// The copies a block can have now: `replicas`, or fewer while fewer nodes are up.
+    pub fn copies_possible(&self) -> usize {
+        self.replicas.min(self.nodes_up())
+    }
+
+    /// Allocates a new block: copies on as many distinct nodes as
+    /// [`RemoteStore::copies_possible`]. Fewer nodes with room is `NoSpace`.
+    pub fn alloc_block(&self) -> Result<BlockLoc, RemoteError> {
+        let mut loc = BlockLoc::default();
+        let want = self.copies_possible();
+        if want == 0 {
+            return Err(self.nodes[0].link().err().unwrap_or(RemoteError::Lost));
         }
+        let added = self.add_copies(&mut loc, want);
+        // A node may have gone down meanwhile: what is possible now is enough.
+        if added == 0 || added < self.copies_possible().min(want) {
+            self.free_blocks([loc]);
+            return Err(RemoteError::NoSpace);
+        }
+        Ok(loc)
+    }
+
+    /// Drops the copies of `loc` that no longer exist, then allocates up to `want` new
+    /// ones on up nodes that hold none, nodes taken in turn. Returns how many it added
+    /// (fewer when fewer nodes have room).
+    pub fn add_copies(&self, loc: &mut BlockLoc, want: usize) -> usize {
+        loc.retain(|r| self.holds(r));
+        let n = self.nodes.len();
+        let start = self.next_node.fetch_add(1, Ordering::Relaxed);
+        let mut added = 0;
+        for i in 0..n {
+            if added == want || loc.len() == MAX_REPLICAS {
+                break;
+            }
+            let idx = (start + i) % n;
+            if loc.has_node(idx as u16) {
+                continue;
+            }
+            if let Ok(r) = self.alloc_on(idx) {
+                loc.push(r);
+                added += 1;
+            }
+        }
+        added
+    }
+
+    /// One block on node `idx`, from its pool (refilled from the memnode if empty).
+    fn alloc_on(&self, idx: usize) -> Result<Replica, RemoteError> {
+        let node = &self.nodes[idx];
+        let link = node.link()?;
         let mut pool = lock(&node.pool);
-        if let Some(b) = pool.take() {
-            if pool.free_blocks() < self.low_water && !node.full.load(Ordering::Relaxed) {
+        if pool.epoch != link.epoch {
+            return Err(RemoteError::Lost);
+        }
+        let replica = |remote| Replica {
+            node: idx as u16,
+            epoch: link.epoch,
+            remote,
+        };
+        if let Some(b) = pool.blocks.take() {
+            if pool.blocks.free_blocks() < self.low_water && !node.full.load(Ordering::Relaxed) {
                 node.refill.want();
             }
-            return Ok(b);
+            return Ok(replica(b));
         }
         if node.full.load(Ordering::Relaxed) {
             return Err(RemoteError::NoSpace);
@@ -287,7 +270,7 @@ impl RemoteStore {
         // last bytes of a nearly full memnode are still used.
         let mut size = self.chunk_size;
         loop {
-            match control::alloc(node.control(), size) {
+            match control::alloc(link.control(), size) {
                 Ok(a) => {
                     self.counters.chunk_allocs.fetch_add(1, Ordering::Relaxed);
                     log::debug!(
@@ -296,8 +279,8 @@ impl RemoteStore {
                         a.addr,
                         format_size(a.len)
                     );
-                    pool.add_chunk(a);
-                    return pool.take().ok_or(RemoteError::NoSpace);
+                    pool.blocks.add_chunk(a);
+                    return pool.blocks.take().map(replica).ok_or(RemoteError::NoSpace);
                 }
                 Err(e) if e.is_no_space() && size > self.block_size => {
                     size = (size / 2).max(self.block_size);
@@ -307,127 +290,232 @@ impl RemoteStore {
                     log::warn!("memnode {} is full", node.name);
                     return Err(RemoteError::NoSpace);
                 }
-                Err(e) => return Err(node.control_error(e)),
+                Err(e) => return Err(node.control_error(link.epoch, e)),
             }
         }
     }
 
     /// Gives blocks back to their pools; chunks that empty out go back to the memnode.
+    /// Copies of an ended epoch are already gone and are skipped.
     pub fn free_blocks(&self, blocks: impl IntoIterator<Item = BlockLoc>) {
-        for b in blocks {
-            let Some(node) = self.nodes.get(b.node as usize) else {
-                continue;
-            };
-            let (known, release) = lock(&node.pool).put(b.remote);
-            if !known {
-                log::error!("freeing unknown block {b:?}");
-                continue;
-            }
-            node.full.store(false, Ordering::Relaxed);
-            for chunk in release {
-                self.free_chunk(node, chunk.addr, chunk.rkey);
+        for loc in blocks {
+            for r in loc.replicas() {
+                self.free_copy(r);
             }
         }
     }
 
-    fn free_chunk(&self, node: &Node, addr: u64, rkey: u32) {
-        if node.down_error().is_some() {
+    fn free_copy(&self, r: &Replica) {
+        let Some(node) = self.nodes.get(r.node as usize) else {
+            return;
+        };
+        let release = {
+            let mut pool = lock(&node.pool);
+            if pool.epoch != r.epoch {
+                return;
+            }
+            let (known, release) = pool.blocks.put(r.remote);
+            if !known {
+                log::error!("freeing unknown block {r:?}");
+                return;
+            }
+            release
+        };
+        node.full.store(false, Ordering::Relaxed);
+        for chunk in release {
+            self.free_chunk(node, r.epoch, chunk.addr, chunk.rkey);
+        }
+    }
+
+    fn free_chunk(&self, node: &Node, epoch: u32, addr: u64, rkey: u32) {
+        let Ok(link) = node.link() else { return };
+        if link.epoch != epoch {
             return;
         }
-        match control::free(node.control(), addr, rkey) {
+        match control::free(link.control(), addr, rkey) {
             Ok(()) => {
                 self.counters.chunk_frees.fetch_add(1, Ordering::Relaxed);
             }
-            Err(e) => log::warn!("{}", node.control_error(e)),
+            Err(e) => log::warn!("{}", node.control_error(epoch, e)),
         }
     }
 
-    /// Runs a batch of block reads and writes; all operations for one node are posted
-    /// together. Returns one result per operation, in order.
-    pub fn execute(&self, ios: &mut [BlockIo<'_>]) -> Vec<Result<(), RemoteError>> {
-        let mut results: Vec<Result<(), RemoteError>> = ios.iter().map(|_| Ok(())).collect();
-        let mut nodes: Vec<u16> = ios.iter().map(BlockIo::node).collect();
+    /// Posts `ops`; all operations for one node go together on one of its
+    /// connections. Returns one result per operation, in order.
+    fn post(&self, ops: Vec<CopyOp<'_>>) -> Vec<Result<(), RemoteError>> {
+        let mut results: Vec<Result<(), RemoteError>> = ops.iter().map(|_| Ok(())).collect();
+        let mut nodes: Vec<u16> = ops.iter().map(|o| o.replica.node).collect();
         nodes.sort_unstable();
         nodes.dedup();
+        let mut ops: Vec<Option<CopyOp<'_>>> = ops.into_iter().map(Some).collect();
         for node_idx in nodes {
-            let Some(node) = self.nodes.get(node_idx as usize) else {
-                continue;
-            };
-            let members: Vec<usize> = (0..ios.len())
-                .filter(|&i| ios[i].node() == node_idx)
+            let members: Vec<usize> = (0..ops.len())
+                .filter(|&i| ops[i].as_ref().is_some_and(|o| o.replica.node == node_idx))
                 .collect();
-            if let Some(e) = node.down_error() {
-                for &i in &members {
-                    results[i] = Err(e.clone());
+            let link = match self.nodes.get(node_idx as usize) {
+                Some(node) => node.link().map(|l| (node, l)),
+                None => Err(RemoteError::Lost),
+            };
+            let (node, link) = match link {
+                Ok(nl) => nl,
+                Err(e) => {
+                    for &i in &members {
+                        results[i] = Err(e.clone());
+                    }
+                    continue;
                 }
-                continue;
-            }
-            let mut ops: Vec<RdmaOp<'_>> = Vec::with_capacity(members.len());
-            for io in ios.iter_mut().filter(|io| io.node() == node_idx) {
-                let (ops_counter, bytes_counter) = match io {
-                    BlockIo::Read(..) => (&self.counters.reads, &self.counters.read_bytes),
-                    BlockIo::Write(..) => (&self.counters.writes, &self.counters.write_bytes),
+            };
+            let mut posted = Vec::with_capacity(members.len());
+            let mut batch: Vec<RdmaOp<'_>> = Vec::with_capacity(members.len());
+            for &i in &members {
+                let Some(CopyOp { replica, op }) = ops[i].take() else {
+                    continue;
                 };
-                ops_counter.fetch_add(1, Ordering::Relaxed);
-                ops.push(match io {
-                    BlockIo::Read(loc, buf) => {
-                        bytes_counter.fetch_add(buf.len() as u64, Ordering::Relaxed);
-                        RdmaOp::Read {
-                            local: buf,
-                            remote: loc.remote,
-                        }
+                if replica.epoch != link.epoch {
+                    results[i] = Err(RemoteError::Lost);
+                    continue;
+                }
+                let (count, bytes, len) = match &op {
+                    RdmaOp::Read { local, .. } => {
+                        (&self.counters.reads, &self.counters.read_bytes, local.len())
                     }
-                    BlockIo::Write(loc, buf) => {
-                        bytes_counter.fetch_add(buf.len() as u64, Ordering::Relaxed);
-                        RdmaOp::Write {
-                            local: buf,
-                            remote: loc.remote,
-                        }
-                    }
-                });
+                    RdmaOp::Write { local, .. } => (
+                        &self.counters.writes,
+                        &self.counters.write_bytes,
+                        local.len(),
+                    ),
+                };
+                count.fetch_add(1, Ordering::Relaxed);
+                bytes.fetch_add(len as u64, Ordering::Relaxed);
+                posted.push(i);
+                batch.push(op);
             }
-            let outcomes = node.endpoint().execute(&mut ops);
-            for (&i, outcome) in members.iter().zip(outcomes) {
-                results[i] = outcome.map_err(|e| node.fabric_error(e));
+            let outcomes = link.endpoint().execute(&mut batch);
+            for (i, outcome) in posted.into_iter().zip(outcomes) {
+                results[i] = outcome.map_err(|e| node.fabric_error(link.epoch, e));
             }
         }
         results
     }
 
-    /// Capacity and free bytes over every node that is up: memory the memnodes have
-    /// not handed out, plus blocks free in fsd's own chunks.
+    /// Reads each block into its buffer from one of its copies, trying the next copy
+    /// when one fails. A block with no copy left fails with [`RemoteError::Lost`].
+    pub fn read_blocks(
+        &self,
+        reads: &mut [(&BlockLoc, &mut [u8])],
+    ) -> Vec<Result<(), RemoteError>> {
+        let mut results: Vec<Result<(), RemoteError>> =
+            reads.iter().map(|_| Err(RemoteError::Lost)).collect();
+        // The next copy to try, per block; `None` once a block is done.
+        let mut next: Vec<Option<usize>> = reads.iter().map(|_| Some(0)).collect();
+        loop {
+            let mut chosen: Vec<Option<Replica>> = vec![None; reads.len()];
+            for (i, (loc, _)) in reads.iter().enumerate() {
+                let Some(from) = next[i] else { continue };
+                let pick = loc.replicas()[from.min(loc.len())..]
+                    .iter()
+                    .position(|r| self.holds(r));
+                match pick {
+                    Some(p) => {
+                        chosen[i] = Some(loc.replicas()[from + p]);
+                        next[i] = Some(from + p + 1);
+                    }
+                    None => next[i] = None,
+                }
+            }
+            let mut which = Vec::new();
+            let mut ops = Vec::new();
+            for (i, (_, buf)) in reads.iter_mut().enumerate() {
+                if let Some(replica) = chosen[i] {
+                    which.push(i);
+                    ops.push(CopyOp {
+                        replica,
+                        op: RdmaOp::Read {
+                            local: buf,
+                            remote: replica.remote,
+                        },
+                    });
+                }
+            }
+            if ops.is_empty() {
+                return results;
+            }
+            for (i, r) in which.into_iter().zip(self.post(ops)) {
+                if r.is_ok() {
+                    next[i] = None;
+                }
+                results[i] = r;
+            }
+        }
+    }
+
+    /// Writes each buffer to every copy of its block. Returns, per block, one result
+    /// per copy (in the order of `loc.replicas()`).
+    pub fn write_copies(&self, writes: &[(&BlockLoc, &[u8])]) -> Vec<Vec<Result<(), RemoteError>>> {
+        let mut ops = Vec::new();
+        for (loc, buf) in writes {
+            for r in loc.replicas() {
+                ops.push(CopyOp {
+                    replica: *r,
+                    op: RdmaOp::Write {
+                        local: buf,
+                        remote: r.remote,
+                    },
+                });
+            }
+        }
+        let mut outcomes = self.post(ops).into_iter();
+        writes
+            .iter()
+            .map(|(loc, _)| outcomes.by_ref().take(loc.len()).collect())
+            .collect()
+    }
+
+    /// Usable capacity and free bytes, given that each block takes `replicas` copies:
+    /// over every node that is up, memory the memnodes have not handed out plus
+    /// blocks free in fsd's own chunks, divided by the copies per block.
     pub fn space(&self) -> (u64, u64) {
         let mut total = 0;
         let mut free = 0;
         for node in &self.nodes {
-            if node.down_error().is_some() {
-                continue;
-            }
-            let local_free = lock(&node.pool).free_blocks() * self.block_size;
-            match control::stat(node.control()) {
+            let Ok(link) = node.link() else { continue };
+            let local_free = lock(&node.pool).blocks.free_blocks() * self.block_size;
+            match control::stat(link.control()) {
                 Ok(s) => {
                     total += s.capacity;
                     free += s.capacity.saturating_sub(s.used) + local_free;
                 }
                 Err(e) => {
-                    log::warn!("{}", node.control_error(e));
+                    log::warn!("{}", node.control_error(link.epoch, e));
                 }
             }
         }
-        (total, free)
+        let r = self.replicas as u64;
+        (total / r, free / r)
     }
 
     /// Total capacity as announced at hello, over all nodes.
     pub fn announced_capacity(&self) -> u64 {
-        self.nodes.iter().map(|n| n.capacity).sum()
+        self.nodes
+            .iter()
+            .map(|n| n.capacity.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// The memnodes' names, in command-line order.
+    pub fn node_names(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.name.clone()).collect()
     }
 
     /// Gives every chunk back to the memnodes (at unmount).
     pub fn release_all(&self) {
         for node in &self.nodes {
-            let chunks = lock(&node.pool).drain();
+            let (epoch, chunks) = {
+                let mut pool = lock(&node.pool);
+                (pool.epoch, pool.blocks.drain())
+            };
             for c in chunks {
-                self.free_chunk(node, c.addr, c.rkey);
+                self.free_chunk(node, epoch, c.addr, c.rkey);
             }
         }
     }
@@ -441,7 +529,7 @@ impl Drop for RemoteStore {
         for node in &self.nodes {
             node.refill.stop();
         }
-        for t in self.refillers.drain(..) {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
@@ -465,9 +553,9 @@ mod tests {
             transport: rmemfs_common::fabric::Transport::Tcp,
         })
         .expect("memnode starts");
-        let connect = |peer: &str| {
+        let connect: Arc<Connector> = Arc::new(|peer: &str, _client: u64| {
             Ok(Box::new(TcpEndpoint::connect(peer, Duration::from_secs(5))?) as Box<dyn Endpoint>)
-        };
+        });
         let remote = RemoteStore::connect(
             &[node.local_addr().to_string()],
             &RemoteConfig {
@@ -476,8 +564,10 @@ mod tests {
                 connections: 1,
                 client_id: 7,
                 token: Vec::new(),
+                replicas: 1,
+                watch_interval: Duration::from_secs(1),
             },
-            &connect,
+            connect,
         )
         .expect("connects");
         (node, remote)
@@ -513,7 +603,7 @@ mod tests {
         for _ in 0..4 * blocks {
             r.alloc_block().expect("block");
             let deadline = Instant::now() + Duration::from_secs(10);
-            while lock(&r.nodes[0].pool).free_blocks() == 0 {
+            while lock(&r.nodes[0].pool).blocks.free_blocks() == 0 {
                 assert!(Instant::now() < deadline, "the pool stayed empty");
                 std::thread::sleep(Duration::from_millis(1));
             }

@@ -7,7 +7,8 @@
 //! refusal for lack of space is left to the write path, which retries with smaller
 //! chunks and marks the node full.
 
-use super::{lock, Node, RemoteCounters};
+use super::node::Node;
+use super::{lock, RemoteCounters};
 use rmemfs_common::control;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
@@ -66,21 +67,25 @@ pub(super) fn start(
             if !node.refill.take_request(Duration::from_millis(500)) {
                 continue;
             }
+            let Ok(link) = node.link() else { continue };
             if node.refill.stop.load(Ordering::SeqCst)
-                || node.down_error().is_some()
                 || node.full.load(Ordering::Relaxed)
-                || lock(&node.pool).free_blocks() >= low_water
+                || lock(&node.pool).blocks.free_blocks() >= low_water
             {
                 continue;
             }
-            match control::alloc(node.control(), chunk_size) {
+            match control::alloc(link.control(), chunk_size) {
                 Ok(a) => {
                     counters.chunk_allocs.fetch_add(1, Ordering::Relaxed);
                     log::debug!("memnode {}: chunk {:#x} allocated ahead", node.name, a.addr);
-                    lock(&node.pool).add_chunk(a);
+                    let mut pool = lock(&node.pool);
+                    // A chunk of an epoch that ended meanwhile went with it.
+                    if pool.epoch == link.epoch {
+                        pool.blocks.add_chunk(a);
+                    }
                 }
                 Err(e) if e.is_no_space() => {}
-                Err(e) => log::warn!("allocating ahead: {}", node.control_error(e)),
+                Err(e) => log::warn!("allocating ahead: {}", node.control_error(link.epoch, e)),
             }
         })
 }

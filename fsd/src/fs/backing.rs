@@ -1,0 +1,179 @@
+//! The page cache's backing: loading blocks from remote memory and writing them back
+//! to every copy.
+//!
+//! Write-back is also where a block regains copies lost with a memnode: a page in the
+//! cache holds the whole block, so before writing it fsd drops the copies that no
+//! longer exist and allocates new ones up to `--replicas` on other memnodes (as many
+//! as are up and have room). A copy whose write fails is dropped and the write-back
+//! tries again with a replacement, so a write-back only counts as done once every
+//! copy the block has was written.
+
+use super::RmemFs;
+use crate::cache::{Backing, PageKey};
+use crate::error::FsError;
+use crate::remote::{BlockLoc, RemoteError};
+use std::sync::atomic::Ordering;
+
+/// The copies one write-back of a block writes.
+struct Target {
+    loc: BlockLoc,
+    /// Copies added to replace lost ones (the block had content in remote memory).
+    restored: usize,
+}
+
+impl RmemFs {
+    /// The copies block `key` is to be written to: those that still exist, plus new
+    /// ones up to the copies the cluster can hold now. `None`: the block no longer
+    /// exists (truncated or deleted since the page was dirtied).
+    fn writeback_target(&self, key: PageKey) -> Option<Result<Target, FsError>> {
+        let inode = self.ns.get(key.0).ok()?;
+        let mut m = inode.meta();
+        let entry = m.blocks.get_mut(&key.1)?;
+        let live = self.remote.live_copies(&entry.loc);
+        let want = self.remote.copies_possible();
+        let mut restored = 0;
+        if live < want || live < entry.loc.len() {
+            let added = self
+                .remote
+                .add_copies(&mut entry.loc, want.saturating_sub(live));
+            if entry.written {
+                restored = added;
+            }
+        }
+        if entry.loc.is_empty() {
+            return Some(Err(FsError::from(if self.remote.nodes_up() == 0 {
+                RemoteError::Lost
+            } else {
+                RemoteError::NoSpace
+            })));
+        }
+        Some(Ok(Target {
+            loc: entry.loc.clone(),
+            restored,
+        }))
+    }
+
+    /// After a write-back to `loc`: drops the copies whose write failed from block
+    /// `key` (if it still has exactly those copies), or, if none failed, records that
+    /// remote memory holds the block's content. Returns true when done.
+    fn writeback_done(
+        &self,
+        key: PageKey,
+        loc: &BlockLoc,
+        outcome: &[Result<(), RemoteError>],
+    ) -> bool {
+        let Ok(inode) = self.ns.get(key.0) else {
+            return true;
+        };
+        let mut m = inode.meta();
+        let Some(entry) = m.blocks.get_mut(&key.1) else {
+            return true;
+        };
+        if entry.loc != *loc {
+            // Only a truncate, punch or delete changes a block's copies during its
+            // write-back, and those drop the block: nothing more to do.
+            return true;
+        }
+        let failed: Vec<_> = loc
+            .replicas()
+            .iter()
+            .zip(outcome)
+            .filter(|(_, r)| r.is_err())
+            .map(|(rep, _)| *rep)
+            .collect();
+        if failed.is_empty() {
+            entry.written = true;
+            return true;
+        }
+        // A failed copy holds unknown bytes: it is no copy. Its block is not freed (a
+        // late write could still land in it); it goes with its memnode's epoch.
+        entry.loc.retain(|r| !failed.contains(r));
+        false
+    }
+
+    fn record_write_error(&self, key: PageKey, e: &FsError) {
+        if let Ok(inode) = self.ns.get(key.0) {
+            let mut m = inode.meta();
+            if m.write_error.is_none() {
+                m.write_error = Some(e.clone());
+            }
+        }
+    }
+}
+
+impl Backing for RmemFs {
+    fn load(&self, pages: &mut [(PageKey, &mut [u8])]) -> Vec<Result<(), FsError>> {
+        // Holes, and blocks whose content never reached remote memory, read as zeros.
+        let locs: Vec<Option<BlockLoc>> = pages
+            .iter()
+            .map(|((ino, idx), _)| {
+                let inode = self.ns.get(*ino).ok()?;
+                let entry = inode.meta().blocks.get(idx).cloned()?;
+                entry.written.then_some(entry.loc)
+            })
+            .collect();
+        let mut results: Vec<Result<(), FsError>> = pages.iter().map(|_| Ok(())).collect();
+        let mut reads = Vec::new();
+        let mut which = Vec::new();
+        for (n, ((_, buf), loc)) in pages.iter_mut().zip(&locs).enumerate() {
+            match loc {
+                Some(l) => {
+                    reads.push((l, &mut buf[..]));
+                    which.push(n);
+                }
+                None => buf.fill(0),
+            }
+        }
+        for (n, r) in which.into_iter().zip(self.remote.read_blocks(&mut reads)) {
+            results[n] = r.map_err(FsError::from);
+        }
+        results
+    }
+
+    fn store(&self, pages: &[(PageKey, &[u8])]) -> Vec<Result<(), FsError>> {
+        let mut results: Vec<Result<(), FsError>> = pages.iter().map(|_| Ok(())).collect();
+        let mut pending: Vec<usize> = (0..pages.len()).collect();
+        // Each round that fails drops at least one copy; a failed copy's memnode is
+        // then down or refused the access, so rounds are bounded by the copies the
+        // cluster can give.
+        let rounds = self.remote.node_count() + 2;
+        for _ in 0..rounds {
+            let mut targets = Vec::new();
+            for &n in &pending {
+                match self.writeback_target(pages[n].0) {
+                    None => {}
+                    Some(Ok(t)) => targets.push((n, t)),
+                    Some(Err(e)) => results[n] = Err(e),
+                }
+            }
+            let writes: Vec<(&BlockLoc, &[u8])> =
+                targets.iter().map(|(n, t)| (&t.loc, pages[*n].1)).collect();
+            let outcomes = self.remote.write_copies(&writes);
+            pending.clear();
+            for ((n, target), outcome) in targets.iter().zip(outcomes) {
+                let key = pages[*n].0;
+                if self.writeback_done(key, &target.loc, &outcome) {
+                    results[*n] = Ok(());
+                    let restored = target.restored as u64;
+                    self.remote
+                        .counters
+                        .copies_restored
+                        .fetch_add(restored, Ordering::Relaxed);
+                } else {
+                    let e = outcome.into_iter().find_map(Result::err);
+                    results[*n] = Err(FsError::from(e.unwrap_or(RemoteError::Lost)));
+                    pending.push(*n);
+                }
+            }
+            if pending.is_empty() {
+                break;
+            }
+        }
+        for (n, r) in results.iter().enumerate() {
+            if let Err(e) = r {
+                self.record_write_error(pages[n].0, e);
+            }
+        }
+        results
+    }
+}

@@ -1,0 +1,246 @@
+//! Copies on several memnodes: losing one, re-replication, a memnode coming back.
+//! In-process memnodes over tcp on loopback; "losing" one shuts it down, which closes
+//! its connections as a killed process's would.
+
+use super::*;
+use crate::inode::ROOT_INO;
+use crate::remote::{Connector, RemoteConfig};
+use rmemfs_common::fabric::tcp::TcpEndpoint;
+use rmemfs_common::fabric::{Endpoint, Transport};
+use std::time::{Duration, Instant};
+
+const BS: u64 = 4096;
+const ME: Caller = Caller { uid: 0, gid: 0 };
+const NODE_SIZE: u64 = 4 << 20;
+
+fn start_node(listen: &str) -> memnode::Memnode {
+    memnode::Memnode::start(memnode::MemnodeConfig {
+        listen: listen.into(),
+        size: NODE_SIZE,
+        token: None,
+        huge_pages: false,
+        transport: Transport::Tcp,
+    })
+    .expect("memnode starts")
+}
+
+struct Cluster {
+    nodes: Vec<Option<memnode::Memnode>>,
+    addrs: Vec<String>,
+    fs: RmemFs,
+}
+
+impl Cluster {
+    fn new(count: usize, replicas: usize, cache_blocks: u64) -> Cluster {
+        let nodes: Vec<_> = (0..count)
+            .map(|_| Some(start_node("127.0.0.1:0")))
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| n.as_ref().unwrap().local_addr().to_string())
+            .collect();
+        let connect: Arc<Connector> = Arc::new(|peer: &str, _client: u64| {
+            Ok(Box::new(TcpEndpoint::connect(peer, Duration::from_secs(2))?) as Box<dyn Endpoint>)
+        });
+        let remote = RemoteStore::connect(
+            &addrs,
+            &RemoteConfig {
+                block_size: BS,
+                chunk_size: 16 * BS,
+                connections: 2,
+                client_id: 9,
+                token: Vec::new(),
+                replicas,
+                watch_interval: Duration::from_millis(100),
+            },
+            connect,
+        )
+        .expect("connects");
+        let fs = RmemFs::new(Arc::new(remote), cache_blocks * BS, ME);
+        Cluster { nodes, addrs, fs }
+    }
+
+    fn kill(&mut self, i: usize) {
+        self.nodes[i].take().expect("node running").shutdown();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.fs.remote().node_is_up(i) {
+            assert!(Instant::now() < deadline, "memnode {i} was not marked down");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn restart(&mut self, i: usize) {
+        self.nodes[i] = Some(start_node(&self.addrs[i]));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.fs.remote().node_is_up(i) {
+            assert!(Instant::now() < deadline, "memnode {i} was not reconnected");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Runs maintenance passes until no block is degraded; returns the last count.
+    fn repair(&self) -> Redundancy {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            self.fs.maintain(1 << 20);
+            let found = self.fs.maintain(1 << 20);
+            if found.degraded == 0 {
+                return found;
+            }
+            assert!(Instant::now() < deadline, "still degraded: {found:?}");
+        }
+    }
+
+    fn used(&self, i: usize) -> u64 {
+        self.nodes[i].as_ref().map_or(0, |n| n.stats().used)
+    }
+}
+
+fn content(file: u64) -> Vec<u8> {
+    (0..BS)
+        .map(|i| (i as u8) ^ (file as u8).wrapping_mul(31))
+        .collect()
+}
+
+/// `n` one-block files, written back.
+fn write_files(fs: &RmemFs, n: u64) -> Vec<Ino> {
+    (0..n)
+        .map(|f| {
+            let ino = fs
+                .create(ROOT_INO, format!("f{f}").as_ref(), 0o644, ME)
+                .unwrap()
+                .ino;
+            fs.write(ino, 0, &content(f)).unwrap();
+            fs.fsync(ino).unwrap();
+            ino
+        })
+        .collect()
+}
+
+/// Makes sure no page of `files` is in fsd's cache, by reading enough of another file.
+fn cycle_cache(fs: &RmemFs, blocks: u64) {
+    static CYCLES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let name = format!("cycle{}", CYCLES.fetch_add(1, Ordering::Relaxed));
+    let ino = fs.create(ROOT_INO, name.as_ref(), 0o644, ME).unwrap().ino;
+    let data = vec![0x5a; (blocks * BS) as usize];
+    fs.write(ino, 0, &data).unwrap();
+    fs.fsync(ino).unwrap();
+    assert_eq!(fs.read(ino, 0, data.len() as u32).unwrap(), data);
+}
+
+#[test]
+fn with_two_copies_a_lost_memnode_loses_nothing_and_its_copies_are_restored() {
+    let mut c = Cluster::new(3, 2, 8);
+    let files = write_files(&c.fs, 48);
+    let found = c.repair();
+    assert_eq!((found.blocks, found.degraded, found.lost), (48, 0, 0));
+    assert_eq!(
+        found.per_node.iter().sum::<u64>(),
+        96,
+        "two copies each: {found:?}"
+    );
+    assert!(found.per_node.iter().all(|&n| n > 0), "spread: {found:?}");
+    for i in 0..3 {
+        assert!(
+            c.used(i) >= found.per_node[i] * BS,
+            "memnode {i} holds its copies"
+        );
+    }
+
+    c.kill(1);
+    cycle_cache(&c.fs, 16);
+    let found = c.fs.maintain(0);
+    assert!(
+        found.degraded > 0 && found.lost == 0,
+        "after the loss: {found:?}"
+    );
+    for (f, &ino) in files.iter().enumerate() {
+        assert_eq!(
+            c.fs.read(ino, 0, BS as u32).unwrap(),
+            content(f as u64),
+            "file {f}"
+        );
+    }
+    let found = c.repair();
+    assert_eq!(found.lost, 0);
+    assert_eq!(
+        found.per_node[1], 0,
+        "nothing on the lost memnode: {found:?}"
+    );
+    assert_eq!(found.per_node[0] + found.per_node[2], 2 * found.blocks);
+    let restored =
+        c.fs.remote()
+            .counters
+            .copies_restored
+            .load(Ordering::Relaxed);
+    assert!(restored > 0, "copies restored: {restored}");
+
+    // Every block has both copies on the survivors: losing one more loses nothing.
+    c.kill(0);
+    cycle_cache(&c.fs, 16);
+    for (f, &ino) in files.iter().enumerate() {
+        assert_eq!(
+            c.fs.read(ino, 0, BS as u32).unwrap(),
+            content(f as u64),
+            "file {f}"
+        );
+    }
+    let found = c.fs.maintain(0);
+    assert_eq!(found.lost, 0, "{found:?}");
+}
+
+#[test]
+fn with_one_copy_a_lost_memnode_fails_exactly_its_blocks_with_eio() {
+    let mut c = Cluster::new(2, 1, 8);
+    let files = write_files(&c.fs, 32);
+    let before = c.fs.maintain(0);
+    assert_eq!(before.per_node.iter().sum::<u64>(), 32);
+    assert!(
+        before.per_node[1] > 0 && before.per_node[0] > 0,
+        "{before:?}"
+    );
+
+    c.kill(1);
+    // New data goes to the survivor (and pushes the old pages out of the cache).
+    cycle_cache(&c.fs, 16);
+    let mut failed = 0;
+    for (f, &ino) in files.iter().enumerate() {
+        match c.fs.read(ino, 0, BS as u32) {
+            Ok(data) => assert_eq!(data, content(f as u64), "file {f}"),
+            Err(FsError::Io(_)) => failed += 1,
+            Err(e) => panic!("file {f}: {e:?} instead of EIO"),
+        }
+    }
+    assert_eq!(
+        failed, before.per_node[1],
+        "failed reads = blocks the lost memnode held"
+    );
+    let after = c.fs.maintain(0);
+    assert_eq!(after.lost, before.per_node[1], "{after:?}");
+}
+
+#[test]
+fn a_memnode_that_comes_back_is_used_again_for_the_missing_copies() {
+    let mut c = Cluster::new(2, 2, 8);
+    let files = write_files(&c.fs, 16);
+    c.kill(1);
+    assert_eq!(c.fs.maintain(0).degraded, 16, "one copy left of each");
+    // A write while degraded succeeds with the one copy possible.
+    c.fs.write(files[0], 0, &content(100)).unwrap();
+    c.fs.fsync(files[0]).unwrap();
+
+    c.restart(1);
+    let found = c.repair();
+    assert_eq!(found.per_node, vec![16, 16], "{found:?}");
+    assert!(c.used(1) >= 16 * BS, "the new memnode holds the copies");
+    c.kill(0);
+    cycle_cache(&c.fs, 16);
+    assert_eq!(c.fs.read(files[0], 0, BS as u32).unwrap(), content(100));
+    for (f, &ino) in files.iter().enumerate().skip(1) {
+        assert_eq!(
+            c.fs.read(ino, 0, BS as u32).unwrap(),
+            content(f as u64),
+            "file {f}"
+        );
+    }
+}

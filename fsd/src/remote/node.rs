@@ -1,0 +1,233 @@
+//! One memnode as fsd sees it: its current connections (a [`Link`]), whether it is
+//! up, and the pool of blocks fsd holds there.
+//!
+//! A memnode is either up, with a link of some epoch, or down. It goes down when an
+//! operation on it fails for good (the connection broke) or times out, or when its
+//! heartbeat gets no answer: that is logged once, the link is dropped (its
+//! connections close once in-flight operations finish, and the memnode then gives
+//! that client's memory back), and every operation on the node fails at once.
+//! Reconnecting makes a new link of the next epoch under a new client id, with an
+//! empty pool: what the node held before is gone.
+
+use super::placement::Replica;
+use super::pool::BlockPool;
+use super::refill::Refill;
+use super::{lock, Connector, RemoteError};
+use rmemfs_common::control::{self, ControlError};
+use rmemfs_common::fabric::{Endpoint, FabricError};
+use rmemfs_common::size::format_size;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// What opening a link needs.
+pub(super) struct LinkConfig {
+    pub connections: usize,
+    /// The client id of epoch 0; epoch `e` uses `client_id + e`, so a memnode never
+    /// mistakes a new link for the old one whose memory it is reclaiming.
+    pub client_id: u64,
+    pub token: Vec<u8>,
+    pub block_size: u64,
+}
+
+/// The connections of one epoch to a memnode.
+pub(super) struct Link {
+    pub epoch: u32,
+    endpoints: Vec<Box<dyn Endpoint>>,
+    next: AtomicUsize,
+}
+
+impl Link {
+    /// Connects `connections` times and says hello on each; returns the link and the
+    /// capacity the memnode announced.
+    fn open(
+        name: &str,
+        epoch: u32,
+        cfg: &LinkConfig,
+        connector: &Connector,
+    ) -> Result<(Link, u64), RemoteError> {
+        let client_id = cfg.client_id.wrapping_add(epoch as u64);
+        let mut endpoints = Vec::new();
+        let mut capacity = 0;
+        for _ in 0..cfg.connections.max(1) {
+            let ep = connector(name, client_id).map_err(|error| RemoteError::Fabric {
+                node: name.to_string(),
+                error,
+            })?;
+            let welcome = control::hello(ep.as_ref(), client_id, &cfg.token).map_err(|error| {
+                RemoteError::Control {
+                    node: name.to_string(),
+                    error,
+                }
+            })?;
+            capacity = welcome.capacity;
+            endpoints.push(ep);
+        }
+        let link = Link {
+            epoch,
+            endpoints,
+            next: AtomicUsize::new(0),
+        };
+        Ok((link, capacity))
+    }
+
+    /// A data connection; operations are spread over them round-robin.
+    pub fn endpoint(&self) -> &dyn Endpoint {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.endpoints.len();
+        self.endpoints[i].as_ref()
+    }
+
+    /// The connection that carries control calls.
+    pub fn control(&self) -> &dyn Endpoint {
+        self.endpoints[0].as_ref()
+    }
+}
+
+struct State {
+    /// `None` while down.
+    link: Option<Arc<Link>>,
+    /// The epoch of the current (or last) link.
+    epoch: u32,
+    /// Why the node is down, while it is.
+    down: Option<String>,
+}
+
+/// The blocks fsd holds on a node, and the epoch they belong to.
+pub(super) struct NodePool {
+    pub epoch: u32,
+    pub blocks: BlockPool,
+}
+
+pub(super) struct Node {
+    pub name: String,
+    state: Mutex<State>,
+    pub pool: Mutex<NodePool>,
+    /// Capacity the memnode announced at the last hello.
+    pub capacity: AtomicU64,
+    /// Set when the node refused an allocation for lack of space; cleared on a free.
+    pub full: AtomicBool,
+    pub refill: Refill,
+}
+
+impl Node {
+    /// Connects to `name` (epoch 0).
+    pub fn connect(
+        name: &str,
+        cfg: &LinkConfig,
+        connector: &Connector,
+    ) -> Result<Node, RemoteError> {
+        let (link, capacity) = Link::open(name, 0, cfg, connector)?;
+        log::info!(
+            "connected to memnode {name} ({} capacity, {} connections)",
+            format_size(capacity),
+            cfg.connections
+        );
+        Ok(Node {
+            name: name.to_string(),
+            state: Mutex::new(State {
+                link: Some(Arc::new(link)),
+                epoch: 0,
+                down: None,
+            }),
+            pool: Mutex::new(NodePool {
+                epoch: 0,
+                blocks: BlockPool::new(cfg.block_size),
+            }),
+            capacity: AtomicU64::new(capacity),
+            full: AtomicBool::new(false),
+            refill: Refill::default(),
+        })
+    }
+
+    /// The current link, or why there is none.
+    pub fn link(&self) -> Result<Arc<Link>, RemoteError> {
+        let s = lock(&self.state);
+        match (&s.link, &s.down) {
+            (Some(l), None) => Ok(l.clone()),
+            (_, reason) => Err(RemoteError::NodeDown {
+                node: self.name.clone(),
+                reason: reason.clone().unwrap_or_else(|| "not connected".into()),
+            }),
+        }
+    }
+
+    pub fn is_up(&self) -> bool {
+        lock(&self.state).down.is_none()
+    }
+
+    /// True when `r` (a copy on this node) still exists: the node is up and `r` was
+    /// allocated in its current epoch.
+    pub fn holds(&self, r: &Replica) -> bool {
+        let s = lock(&self.state);
+        s.down.is_none() && s.epoch == r.epoch
+    }
+
+    /// Records a failure of an operation made on the link of `epoch`. A broken
+    /// connection or an operation that got no answer in time puts the node down
+    /// (logged once); other errors (a refused access) leave it up.
+    pub fn note_failure(&self, epoch: u32, e: &FabricError) {
+        if !(e.is_fatal() || matches!(e, FabricError::Timeout { .. })) {
+            return;
+        }
+        let mut s = lock(&self.state);
+        if s.epoch == epoch && s.down.is_none() {
+            log::error!(
+                "memnode {} is down: {e}; its copies are lost, reconnecting in the background",
+                self.name
+            );
+            s.down = Some(e.to_string());
+            s.link = None;
+        }
+    }
+
+    pub fn fabric_error(&self, epoch: u32, error: FabricError) -> RemoteError {
+        self.note_failure(epoch, &error);
+        RemoteError::Fabric {
+            node: self.name.clone(),
+            error,
+        }
+    }
+
+    pub fn control_error(&self, epoch: u32, error: ControlError) -> RemoteError {
+        if let ControlError::Fabric(f) = &error {
+            self.note_failure(epoch, f);
+        }
+        RemoteError::Control {
+            node: self.name.clone(),
+            error,
+        }
+    }
+
+    /// Connects again after the node went down. The new link has the next epoch and
+    /// an empty pool: the memnode gave the old epoch's memory back (or is a new
+    /// process that never had it).
+    pub fn reconnect(&self, cfg: &LinkConfig, connector: &Connector) -> Result<(), RemoteError> {
+        let epoch = lock(&self.state).epoch.wrapping_add(1);
+        let (link, capacity) = Link::open(&self.name, epoch, cfg, connector)?;
+        {
+            let mut pool = lock(&self.pool);
+            // Not freed: those chunks belonged to the old client id and are gone.
+            pool.blocks.drain();
+            pool.epoch = epoch;
+        }
+        self.capacity.store(capacity, Ordering::Relaxed);
+        self.full.store(false, Ordering::Relaxed);
+        let mut s = lock(&self.state);
+        s.link = Some(Arc::new(link));
+        s.epoch = epoch;
+        s.down = None;
+        log::warn!(
+            "memnode {} is back ({} capacity, epoch {epoch}); it is used for new copies",
+            self.name,
+            format_size(capacity)
+        );
+        Ok(())
+    }
+
+    /// Asks the node for its statistics; a failure to answer puts it down.
+    pub fn heartbeat(&self) -> Result<(), RemoteError> {
+        let link = self.link()?;
+        control::stat(link.control())
+            .map(|_| ())
+            .map_err(|e| self.control_error(link.epoch, e))
+    }
+}
