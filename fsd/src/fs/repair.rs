@@ -11,6 +11,9 @@ use super::RmemFs;
 use crate::cache::Fill;
 use crate::inode::{FileKind, Ino};
 
+/// Blocks counted per hold of an inode's meta lock.
+const SCAN_SLICE: usize = 4096;
+
 /// What one pass over every block map found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Redundancy {
@@ -66,29 +69,40 @@ impl RmemFs {
         let possible = self.remote.copies_possible();
         let mut todo = Vec::new();
         for inode in self.ns.all() {
-            let m = inode.meta();
-            if m.attr.kind != FileKind::File {
+            if inode.meta().attr.kind != FileKind::File {
                 continue;
             }
-            for (&idx, entry) in &m.blocks {
-                if !entry.written {
-                    continue; // its content is in a dirty page, written back with R copies
-                }
-                found.blocks += 1;
-                let mut live = 0;
-                for r in entry.loc.replicas() {
-                    if self.remote.holds(r) {
-                        live += 1;
-                        found.per_node[r.node as usize] += 1;
+            // A slice of the block map at a time, so a large file's writers never
+            // wait long for its meta lock.
+            let mut from = 0;
+            loop {
+                let m = inode.meta();
+                let mut seen = 0;
+                for (&idx, entry) in m.blocks.range(from..).take(SCAN_SLICE) {
+                    seen += 1;
+                    from = idx + 1;
+                    if !entry.written {
+                        continue; // its content is in a dirty page, written back with R copies
+                    }
+                    found.blocks += 1;
+                    let mut live = 0;
+                    for r in entry.loc.replicas() {
+                        if self.remote.holds(r) {
+                            live += 1;
+                            found.per_node[r.node as usize] += 1;
+                        }
+                    }
+                    if live == 0 {
+                        found.lost += 1;
+                    } else if live < replicas {
+                        found.degraded += 1;
+                        if live < possible && todo.len() < budget {
+                            todo.push((inode.ino, idx));
+                        }
                     }
                 }
-                if live == 0 {
-                    found.lost += 1;
-                } else if live < replicas {
-                    found.degraded += 1;
-                    if live < possible && todo.len() < budget {
-                        todo.push((inode.ino, idx));
-                    }
+                if seen < SCAN_SLICE {
+                    break;
                 }
             }
         }

@@ -494,19 +494,6 @@ impl RemoteStore {
         (total / r, free / r)
     }
 
-    /// Total capacity as announced at hello, over all nodes.
-    pub fn announced_capacity(&self) -> u64 {
-        self.nodes
-            .iter()
-            .map(|n| n.capacity.load(Ordering::Relaxed))
-            .sum()
-    }
-
-    /// The memnodes' names, in command-line order.
-    pub fn node_names(&self) -> Vec<String> {
-        self.nodes.iter().map(|n| n.name.clone()).collect()
-    }
-
     /// Gives every chunk back to the memnodes (at unmount).
     pub fn release_all(&self) {
         for node in &self.nodes {

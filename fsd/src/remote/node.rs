@@ -16,7 +16,7 @@ use super::{lock, Connector, RemoteError};
 use rmemfs_common::control::{self, ControlError};
 use rmemfs_common::fabric::{Endpoint, FabricError};
 use rmemfs_common::size::format_size;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// What opening a link needs.
@@ -101,8 +101,6 @@ pub(super) struct Node {
     pub name: String,
     state: Mutex<State>,
     pub pool: Mutex<NodePool>,
-    /// Capacity the memnode announced at the last hello.
-    pub capacity: AtomicU64,
     /// Set when the node refused an allocation for lack of space; cleared on a free.
     pub full: AtomicBool,
     pub refill: Refill,
@@ -132,7 +130,6 @@ impl Node {
                 epoch: 0,
                 blocks: BlockPool::new(cfg.block_size),
             }),
-            capacity: AtomicU64::new(capacity),
             full: AtomicBool::new(false),
             refill: Refill::default(),
         })
@@ -209,7 +206,6 @@ impl Node {
             pool.blocks.drain();
             pool.epoch = epoch;
         }
-        self.capacity.store(capacity, Ordering::Relaxed);
         self.full.store(false, Ordering::Relaxed);
         let mut s = lock(&self.state);
         s.link = Some(Arc::new(link));
