@@ -15,7 +15,7 @@ use crate::output::{self, Announce, Tail};
 use crate::poll_until;
 use crate::transport::{self, Transport};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 /// How long fsd may take to connect and mount.
@@ -48,41 +48,7 @@ impl FsdMount {
     }
 
     fn launch(transport: Transport, fixed: bool, test_args: &[&str]) -> FsdMount {
-        require_fuse();
-        let given = |flag: &str| {
-            test_args
-                .iter()
-                .any(|a| *a == flag || a.starts_with(&format!("{flag}=")))
-        };
-        assert!(
-            !given("--transport"),
-            "pass the transport to FsdMount::start_on, not as an argument"
-        );
-        transport::announce(transport, fixed, "fsd");
-        let bin = binary("fsd");
-        let dir = crate::fresh_dir("rmemfs-mnt");
-        let mountpoint = dir
-            .canonicalize()
-            .unwrap_or_else(|e| panic!("canonicalizing {}: {e}", dir.display()));
-        let mut args: Vec<String> = vec!["--transport".to_string(), transport.to_string()];
-        if let Some(t) = transport::op_timeout().filter(|_| !given("--op-timeout")) {
-            args.extend(["--op-timeout".to_string(), t]);
-        }
-        args.extend(test_args.iter().map(|a| a.to_string()));
-        let argv: Vec<String> = std::iter::once(mountpoint.to_string_lossy().into_owned())
-            .chain(args.iter().cloned())
-            .collect();
-        let (mut child, stdout, stderr) = output::spawn_daemon(&bin, &argv, "fsd");
-        let announced = output::wait_for_line(&mut child, &stdout, MOUNT_LIMIT, |l| {
-            l.starts_with("fsd mounted ")
-        });
-        // From here on Drop cleans up whatever happens.
-        let mount = FsdMount {
-            child: Some(child),
-            mountpoint,
-            args,
-            stderr,
-        };
+        let (mount, announced) = FsdMount::spawn(transport, fixed, test_args);
         match announced {
             Announce::Line(line) => {
                 let named = line.trim_start_matches("fsd mounted ").trim();
@@ -114,13 +80,95 @@ impl FsdMount {
         mount
     }
 
+    /// Starts fsd on a fresh mountpoint and waits (bounded) for its `fsd mounted` line
+    /// or its exit. From the moment fsd runs, the returned mount's `Drop` cleans up
+    /// whatever happened.
+    fn spawn(transport: Transport, fixed: bool, test_args: &[&str]) -> (FsdMount, Announce) {
+        require_fuse();
+        let given = |flag: &str| {
+            test_args
+                .iter()
+                .any(|a| *a == flag || a.starts_with(&format!("{flag}=")))
+        };
+        assert!(
+            !given("--transport"),
+            "pass the transport to FsdMount::start_on, not as an argument"
+        );
+        transport::announce(transport, fixed, "fsd");
+        let bin = binary("fsd");
+        let dir = crate::fresh_dir("rmemfs-mnt");
+        let mountpoint = dir
+            .canonicalize()
+            .unwrap_or_else(|e| panic!("canonicalizing {}: {e}", dir.display()));
+        let mut args: Vec<String> = vec!["--transport".to_string(), transport.to_string()];
+        if let Some(t) = transport::op_timeout().filter(|_| !given("--op-timeout")) {
+            args.extend(["--op-timeout".to_string(), t]);
+        }
+        args.extend(test_args.iter().map(|a| a.to_string()));
+        let argv: Vec<String> = std::iter::once(mountpoint.to_string_lossy().into_owned())
+            .chain(args.iter().cloned())
+            .collect();
+        let (mut child, stdout, stderr) = output::spawn_daemon(&bin, &argv, "fsd");
+        let announced = output::wait_for_line(&mut child, &stdout, MOUNT_LIMIT, |l| {
+            l.starts_with("fsd mounted ")
+        });
+        let mount = FsdMount {
+            child: Some(child),
+            mountpoint,
+            args,
+            stderr,
+        };
+        (mount, announced)
+    }
+
     /// `fsd MOUNTPOINT --transport T --memnode ADDR ARGS...`, T being the memnode's
     /// own transport.
     pub fn with_memnode(memnode: &MemnodeProc, args: &[&str]) -> FsdMount {
-        let mut all = vec!["--memnode", memnode.addr()];
-        all.extend_from_slice(args);
-        let t = memnode.transport();
+        FsdMount::with_memnodes(&[memnode], args)
+    }
+
+    /// `fsd MOUNTPOINT --transport T --memnode ADDR0 --memnode ADDR1 ... ARGS...`, in
+    /// the order given (fsd numbers its memnodes 0, 1, ... by their position on the
+    /// command line), T being the memnodes' transport (they must share one).
+    pub fn with_memnodes(memnodes: &[&MemnodeProc], args: &[&str]) -> FsdMount {
+        let (t, all) = memnode_args(memnodes, args);
         FsdMount::launch(t, t != transport::transport(), &all)
+    }
+
+    /// Runs fsd as [`FsdMount::with_memnodes`] does, with arguments it must refuse: fsd
+    /// has to exit before mounting, within the mount deadline. Returns how it exited
+    /// and its stderr. Panics if it mounts (the mount is then taken down) or neither
+    /// mounts nor exits.
+    pub fn refused(memnodes: &[&MemnodeProc], args: &[&str]) -> Refusal {
+        let (t, all) = memnode_args(memnodes, args);
+        let (mut mount, announced) = FsdMount::spawn(t, t != transport::transport(), &all);
+        match announced {
+            Announce::Exited(status) => {
+                // fsd is gone: Drop only has to remove the mountpoint.
+                mount.child = None;
+                let stderr = mount.stderr.final_text();
+                let mounted = mount_entry(&mount.mountpoint);
+                assert!(
+                    mounted.is_none(),
+                    "fsd {} exited ({status}) but left {} mounted ({mounted:?}); stderr:\n{stderr}",
+                    mount.describe(),
+                    mount.mountpoint.display()
+                );
+                Refusal { status, stderr }
+            }
+            Announce::Line(line) => panic!(
+                "fsd {} should have refused its arguments before mounting, but printed \
+                 {line:?}; stderr:\n{}",
+                mount.describe(),
+                mount.stderr()
+            ),
+            Announce::TimedOut => panic!(
+                "fsd {} should have refused its arguments before mounting, but neither \
+                 mounted nor exited within {MOUNT_LIMIT:?}; stderr:\n{}",
+                mount.describe(),
+                mount.stderr()
+            ),
+        }
     }
 
     /// The mountpoint.
@@ -198,6 +246,38 @@ impl FsdMount {
     fn describe(&self) -> String {
         format!("{} {}", self.mountpoint.display(), self.args.join(" "))
     }
+}
+
+/// How fsd exited when it refused its arguments ([`FsdMount::refused`]).
+#[derive(Debug)]
+pub struct Refusal {
+    pub status: ExitStatus,
+    pub stderr: String,
+}
+
+/// The memnodes' shared transport, and `--memnode ADDR` for each of them in order,
+/// followed by `args`.
+fn memnode_args<'a>(memnodes: &[&'a MemnodeProc], args: &[&'a str]) -> (Transport, Vec<&'a str>) {
+    let first = memnodes
+        .first()
+        .expect("an fsd with memnodes needs at least one memnode");
+    let t = first.transport();
+    for m in memnodes {
+        assert_eq!(
+            m.transport(),
+            t,
+            "memnode {} runs on {} but memnode {} on {t}: one fsd uses one transport",
+            m.addr(),
+            m.transport(),
+            first.addr()
+        );
+    }
+    let mut all = Vec::with_capacity(2 * memnodes.len() + args.len());
+    for m in memnodes {
+        all.extend(["--memnode", m.addr()]);
+    }
+    all.extend_from_slice(args);
+    (t, all)
 }
 
 impl Drop for FsdMount {

@@ -10,10 +10,15 @@
 //!   Soft-RoCE guest). Each test prints which transport it used.
 //! - [`MemnodeProc`] starts a memnode on a free port (of `127.0.0.1` unless
 //!   `RMEMFS_TEST_HOST` or the transport says otherwise), reads its real address from its one stdout
-//!   line, asks it for stats over the control protocol, kills it.
-//! - [`FsdMount`] mounts fsd on a fresh temporary directory, waits for the mount to be
-//!   live, and unmounts with a check that fsd exits 0. Its `Drop` detaches the mount
-//!   and kills fsd, so a failing test never leaves a mount behind.
+//!   line, asks it for stats over the control protocol, kills it; `start_at` brings a
+//!   memnode back on a killed one's address.
+//! - [`FsdMount`] mounts fsd on a fresh temporary directory (with one memnode, several,
+//!   or fsd's embedded one), waits for the mount to be live, and unmounts with a check
+//!   that fsd exits 0. Its `Drop` detaches the mount and kills fsd, so a failing test
+//!   never leaves a mount behind. `FsdMount::refused` runs fsd with arguments it must
+//!   reject before mounting.
+//! - [`stats`] reads fsd's `--stats-file` and waits, bounded, for its counters to
+//!   reach a state.
 //! - [`within`] runs a closure under a time limit: it proves "fails in bounded time"
 //!   rather than hanging the suite.
 //! - [`command`] runs the real programs the tests use on a mount (tar, git, sqlite3,
@@ -33,13 +38,15 @@ pub mod fsd;
 pub mod kernel;
 pub mod memnode;
 mod output;
+pub mod stats;
 pub mod tmpfs;
 pub mod transport;
 pub mod tree;
 
 pub use data::{Pattern, UncachedReader, MIB};
-pub use fsd::{mount_entry, FsdMount, MountEntry};
+pub use fsd::{mount_entry, FsdMount, MountEntry, Refusal};
 pub use memnode::MemnodeProc;
+pub use stats::{FsdStats, StatsFile};
 pub use tmpfs::TmpfsMount;
 pub use transport::Transport;
 

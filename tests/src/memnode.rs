@@ -8,14 +8,17 @@ use rmemfs_common::fabric::tcp::TcpEndpoint;
 use rmemfs_common::fabric::{self as fabric, Endpoint};
 use rmemfs_common::protocol::NodeStats;
 use std::process::{Child, ExitStatus};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long a memnode may take to reserve its region and start listening.
 const START_LIMIT: Duration = Duration::from_secs(30);
 /// Timeout of the control connections the harness makes.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long [`MemnodeProc::start_at`] keeps trying to listen on a given address.
+const REBIND_LIMIT: Duration = Duration::from_secs(10);
 
-/// A running memnode listening on a free port. Dropping it kills it.
+/// A running memnode listening on a free port (or on the address it was given, see
+/// [`MemnodeProc::start_at`]). Dropping it kills it.
 pub struct MemnodeProc {
     child: Child,
     transport: Transport,
@@ -45,6 +48,36 @@ impl MemnodeProc {
         MemnodeProc::launch(transport, true, size, extra)
     }
 
+    /// `memnode --transport T --listen ADDR --size SIZE` on the address `addr` (`HOST:PORT`)
+    /// exactly, on the transport `RMEMFS_TRANSPORT` names: a memnode coming back where
+    /// a killed one was (fsd reconnects to the address on its command line). The port
+    /// may still be held for a moment after the old process died, so a memnode that
+    /// exits before listening is started again for up to 10 s.
+    pub fn start_at(addr: &str, size: &str) -> MemnodeProc {
+        let transport = transport::transport();
+        transport::announce(transport, false, "memnode");
+        let deadline = Instant::now() + REBIND_LIMIT;
+        loop {
+            match MemnodeProc::spawn(transport, addr, size, &[]) {
+                Ok(m) => {
+                    assert_eq!(
+                        m.addr, addr,
+                        "memnode started with --listen {addr} announced another address"
+                    );
+                    return m;
+                }
+                Err(e) if Instant::now() < deadline => {
+                    println!(
+                        "memnode --listen {addr} failed, retrying: {}",
+                        e.lines().next().unwrap_or("")
+                    );
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => panic!("{e}\n(kept retrying for {REBIND_LIMIT:?})"),
+            }
+        }
+    }
+
     fn launch(transport: Transport, fixed: bool, size: &str, extra: &[&str]) -> MemnodeProc {
         assert!(
             !extra
@@ -53,14 +86,26 @@ impl MemnodeProc {
             "pass the transport to MemnodeProc::start_on, not as an extra argument"
         );
         transport::announce(transport, fixed, "memnode");
-        let bin = binary("memnode");
         let listen = transport::listen_arg(transport);
+        MemnodeProc::spawn(transport, &listen, size, extra).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts a memnode listening on `listen` and waits for its announcement. A memnode
+    /// that exits before listening is an `Err` carrying its status and stderr; one that
+    /// hangs or announces nonsense panics.
+    fn spawn(
+        transport: Transport,
+        listen: &str,
+        size: &str,
+        extra: &[&str],
+    ) -> Result<MemnodeProc, String> {
+        let bin = binary("memnode");
         let transport_name = transport.to_string();
         let argv: Vec<String> = [
             "--transport",
             &transport_name,
             "--listen",
-            &listen,
+            listen,
             "--size",
             size,
         ]
@@ -84,15 +129,18 @@ impl MemnodeProc {
             l.starts_with("memnode listening on ")
         }) {
             Announce::Line(l) => l,
-            Announce::Exited(status) => panic!(
-                "memnode --transport {transport} --size {size} exited ({status}) before it listened; stderr:\n{}",
-                stderr.final_text()
-            ),
+            Announce::Exited(status) => {
+                return Err(format!(
+                    "memnode --transport {transport} --listen {listen} --size {size} exited ({status}) \
+                     before it listened; stderr:\n{}",
+                    stderr.final_text()
+                ))
+            }
             Announce::TimedOut => {
                 output::kill_and_reap(&mut child);
                 panic!(
-                    "memnode --transport {transport} --size {size} printed no `memnode listening on` line within \
-                     {START_LIMIT:?}; stderr:\n{}",
+                    "memnode --transport {transport} --listen {listen} --size {size} printed no \
+                     `memnode listening on` line within {START_LIMIT:?}; stderr:\n{}",
                     stderr.text()
                 )
             }
@@ -111,14 +159,14 @@ impl MemnodeProc {
                 .as_deref()
                 .unwrap_or("? (it printed no `memnode transport` line)")
         );
-        MemnodeProc {
+        Ok(MemnodeProc {
             child,
             transport,
             addr,
             capacity,
             token,
             stderr,
-        }
+        })
     }
 
     /// The address it listens on, `HOST:PORT`.
