@@ -33,11 +33,12 @@ apt_install() {
 # System packages: fuse3 (fusermount3, /etc/fuse.conf), a C toolchain for crates that
 # build C, curl and CA certificates for rustup, and what rdma-sys (the verbs backend,
 # built by default) needs: pkg-config, the libibverbs and librdmacm headers, and
-# libclang for its bindings; git and sqlite3 for the real-program tests.
+# libclang for its bindings; git and sqlite3 for the real-program tests; fio for the
+# replication tests (crc32c-verified writes through memnode losses).
 install_system_packages() {
     apt_install fuse3 pkg-config build-essential ca-certificates curl \
         libibverbs-dev librdmacm-dev libclang-dev clang \
-        git sqlite3 tar
+        git sqlite3 tar fio
 }
 
 # What the Soft-RoCE VM stage (scripts/softroce) needs on the host: qemu, the guest's
