@@ -3,10 +3,10 @@
 # The guest side of e2e.sh: e2e.sh passes this file's text to `sh -c` inside the
 # Soft-RoCE guest, with arguments
 #
-#   TRANSPORT OP_TIMEOUT NAME=TEST_BINARY...
+#   TRANSPORT OP_TIMEOUT NAME=TEST_BINARY[@FILTER]...
 #
 # and it runs each test binary in turn (libtest, one test at a time, captured output
-# shown) with the environment the harness and common/tests/fabric.rs read:
+# shown; with FILTER only the tests whose names contain it) with the environment the harness and common/tests/fabric.rs read:
 # RMEMFS_TRANSPORT, RMEMFS_BIN_DIR (memnode and fsd are in /usr/local/bin),
 # RMEMFS_TEST_OP_TIMEOUT (fsd's --op-timeout) and RMEMFS_TEST_HOST (where test servers
 # and memnodes listen: rxe0's IPv4 address, since RoCE cannot reach loopback).
@@ -35,9 +35,17 @@ failed=0
 for spec in "$@"; do
     name="${spec%%=*}"
     bin="${spec#*=}"
+    filter=""
+    case "$bin" in
+    *@*)
+        filter="${bin#*@}"
+        bin="${bin%%@*}"
+        ;;
+    esac
     echo "E2E-BEGIN $name"
     t0="$(now)"
-    "$bin" --test-threads 1 --show-output
+    # shellcheck disable=SC2086 # no filter: no argument
+    "$bin" $filter --test-threads 1 --show-output
     rc=$?
     t1="$(now)"
     echo "E2E-END $name rc=$rc seconds=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')"

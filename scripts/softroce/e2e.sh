@@ -12,7 +12,9 @@
 #                     real run of the same pipeline without RDMA (the guest still has
 #                     rxe0), useful while the verbs backend is not there.
 #   --tests LIST      rmemfs-tests binaries to run, comma-separated (default
-#                     round_trip,full_remote_memory,posix,remote_memory_reclaim).
+#                     round_trip,full_remote_memory,posix,remote_memory_reclaim and two
+#                     tests of replication). NAME:FILTER runs only the tests of binary
+#                     NAME whose names contain FILTER.
 #                     rmemfs-common's `fabric` binary always runs first when it exists;
 #                     for verbs its absence counts as a failure (the wrong-rkey check
 #                     over verbs lives there).
@@ -40,7 +42,7 @@ usage() {
 }
 
 transport=verbs
-tests=round_trip,full_remote_memory,posix,remote_memory_reclaim
+tests=round_trip,full_remote_memory,posix,remote_memory_reclaim,replication:two_replicas_survive,replication:one_replica_losing
 timeout_s=480
 mem=2048
 smp=2
@@ -123,17 +125,23 @@ else
     missing+=(fabric)
 fi
 IFS=, read -r -a wanted <<<"$tests"
-for name in "${wanted[@]}"; do
+for wanted_name in "${wanted[@]}"; do
+    name="${wanted_name%%:*}"
     path="$(test_binary rmemfs-tests "$name")"
     [ -n "$path" ] || die "rmemfs-tests has no test binary $name (tests/tests/$name.rs)"
-    specs+=("$name=$path")
+    # The guest passes what follows `@` to the binary as a test-name filter.
+    case "$wanted_name" in
+    *:*) specs+=("$wanted_name=$path@${wanted_name#*:}") ;;
+    *) specs+=("$name=$path") ;;
+    esac
 done
 
 # ---------------------------------------------------------------------------------
 # The guest: memnode and fsd in /usr/local/bin, test binaries at their host paths.
 adds=(--strip --add "$target/release/memnode:/usr/local/bin/" --add "$target/release/fsd:/usr/local/bin/")
 for spec in "${specs[@]}"; do
-    adds+=(--add "${spec#*=}")
+    path="${spec#*=}"
+    adds+=(--add "${path%@*}")
 done
 "$here/build-guest.sh" "${workdir_args[@]}" "${adds[@]}"
 imaged=$SECONDS

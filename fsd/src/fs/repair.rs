@@ -33,7 +33,13 @@ impl RmemFs {
     /// what the count found (before this pass's repairs).
     pub fn maintain(&self, budget: usize) -> Redundancy {
         let (found, todo) = self.count_copies(budget);
-        *self.redundancy_slot() = found.clone();
+        let before = std::mem::replace(&mut *self.redundancy_slot(), found.clone());
+        if before.degraded > 0 && found.degraded == 0 {
+            log::warn!(
+                "re-replication done: every block has {} copies again",
+                self.remote.replicas()
+            );
+        }
         if !todo.is_empty() {
             let repaired = self.rereplicate(&todo);
             log::info!(

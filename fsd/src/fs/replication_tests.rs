@@ -244,3 +244,40 @@ fn a_memnode_that_comes_back_is_used_again_for_the_missing_copies() {
         );
     }
 }
+
+#[test]
+fn full_memnodes_with_two_copies_give_enospc_and_keep_what_was_written() {
+    let c = Cluster::new(2, 2, 8);
+    let first =
+        c.fs.create(ROOT_INO, "first".as_ref(), 0o644, ME)
+            .unwrap()
+            .ino;
+    let data: Vec<u8> = (0..NODE_SIZE / 2).map(|i| (i % 251) as u8).collect();
+    c.fs.write(first, 0, &data).unwrap();
+    c.fs.fsync(first).unwrap();
+    let second =
+        c.fs.create(ROOT_INO, "second".as_ref(), 0o644, ME)
+            .unwrap()
+            .ino;
+    let chunk = vec![7u8; BS as usize];
+    let mut off = 0;
+    let err = loop {
+        match c.fs.write(second, off, &chunk) {
+            Ok(_) => off += BS,
+            Err(e) => break e,
+        }
+        assert!(
+            off <= NODE_SIZE,
+            "wrote more than one memnode holds with two copies each"
+        );
+    };
+    assert_eq!(err, FsError::NoSpace);
+    assert!(
+        off >= NODE_SIZE / 4,
+        "only {off} bytes fitted besides the first file"
+    );
+    let back = c.fs.read(first, 0, data.len() as u32).unwrap();
+    assert!(back == data, "the first file changed when memory ran out");
+    let found = c.fs.maintain(0);
+    assert_eq!((found.degraded, found.lost), (0, 0), "{found:?}");
+}
