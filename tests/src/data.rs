@@ -274,3 +274,23 @@ impl UncachedReader {
         Ok(window[skip.min(end)..end].to_vec())
     }
 }
+
+/// Reads `len` bytes at `offset` of `path` around the kernel page cache
+/// ([`UncachedReader`]) under the time limit `limit` (a hang fails the test), and
+/// returns the result and how long it took.
+pub fn timed_uncached_read(
+    path: std::path::PathBuf,
+    offset: u64,
+    len: usize,
+    limit: std::time::Duration,
+) -> (std::io::Result<Vec<u8>>, std::time::Duration) {
+    crate::within(
+        limit,
+        &format!("reading {} at {offset}", path.display()),
+        move || {
+            let t = std::time::Instant::now();
+            let r = UncachedReader::open(&path).and_then(|mut r| r.read_at(offset, len));
+            (r, t.elapsed())
+        },
+    )
+}

@@ -165,3 +165,21 @@ impl AlignedBuf {
         &mut self.storage[self.start..self.start + self.len]
     }
 }
+
+/// statvfs(2) of `path`; panics with the OS error when it fails.
+pub fn statvfs(path: &std::path::Path) -> libc::statvfs {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).expect("path without NUL");
+    // SAFETY: statvfs is plain data, so all-zero is a valid value for it.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a valid statvfs to fill.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    assert_eq!(
+        rc,
+        0,
+        "statvfs of {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    st
+}

@@ -3,38 +3,18 @@
 //! that need it fail with EIO in bounded time, while the namespace (kept by fsd) stays
 //! usable and fsd still unmounts cleanly.
 
-use rmemfs_tests::data::write_small;
+use rmemfs_tests::data::{timed_uncached_read, write_small};
 use rmemfs_tests::{
-    assert_errno, describe, heavy_test, within, FsdMount, MemnodeProc, Pattern, Transport,
-    UncachedReader, MIB,
+    assert_errno, describe, heavy_test, within, FsdMount, MemnodeProc, Pattern, Transport, MIB,
 };
 use std::collections::BTreeSet;
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The bound on "fails instead of hanging" with `--op-timeout 2`.
 const FAIL_LIMIT: Duration = Duration::from_secs(30);
 
 fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| s.to_string()).collect()
-}
-
-/// Reads `len` bytes at `offset` around the kernel cache, under the time limit, and
-/// returns the result and how long it took.
-fn timed_uncached_read(
-    path: PathBuf,
-    offset: u64,
-    len: usize,
-) -> (std::io::Result<Vec<u8>>, Duration) {
-    within(
-        FAIL_LIMIT,
-        &format!("reading {} at {offset}", path.display()),
-        move || {
-            let t = Instant::now();
-            let r = UncachedReader::open(&path).and_then(|mut r| r.read_at(offset, len));
-            (r, t.elapsed())
-        },
-    )
 }
 
 /// The namespace is fsd's own: with the memnode gone, listing and stat still work.
@@ -110,14 +90,14 @@ fn file_data_lives_on_the_memnode_and_its_loss_gives_eio_not_a_hang() {
     );
 
     // A block written first has long been evicted from fsd's 32 MiB cache.
-    let (r, _) = timed_uncached_read(path.clone(), 0, 64 << 10);
+    let (r, _) = timed_uncached_read(path.clone(), 0, 64 << 10, FAIL_LIMIT);
     let data = r.expect("reading the first block while the memnode is alive");
     rmemfs_tests::data::assert_bytes_eq(&pattern.bytes(0, 64 << 10), &data, 0, "first block");
 
     memnode.kill();
     println!("memnode killed");
     for offset in [64 * MIB, 128 * MIB + (64 << 10)] {
-        let (r, took_now) = timed_uncached_read(path.clone(), offset, 64 << 10);
+        let (r, took_now) = timed_uncached_read(path.clone(), offset, 64 << 10, FAIL_LIMIT);
         println!(
             "read at {offset} after the memnode died: {} in {took_now:?}",
             describe(&r)
@@ -152,7 +132,7 @@ fn a_frozen_memnode_gives_eio_within_the_op_timeout() {
 
     // SIGSTOP: connections stay open but nothing answers, so only fsd's timeout helps.
     memnode.freeze();
-    let (r, took) = timed_uncached_read(path.clone(), 0, 64 << 10);
+    let (r, took) = timed_uncached_read(path.clone(), 0, 64 << 10, FAIL_LIMIT);
     println!("read from a frozen memnode: {} in {took:?}", describe(&r));
     assert_errno(
         r,

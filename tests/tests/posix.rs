@@ -6,10 +6,8 @@
 use rmemfs_tests::data::{assert_bytes_eq, create, write_small};
 use rmemfs_tests::{assert_errno, FsdMount, MemnodeProc, Pattern, UncachedReader, MIB};
 use std::collections::BTreeSet;
-use std::ffi::CString;
 use std::fs::{self, OpenOptions};
 use std::io::Write;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -530,33 +528,18 @@ fn chmod_chown_and_utimens_are_visible_in_stat() {
     fsd.unmount();
 }
 
-fn statvfs(path: &Path) -> libc::statvfs {
-    let c = CString::new(path.as_os_str().as_bytes()).expect("path without NUL");
-    // SAFETY: statvfs is plain data, so all-zero is a valid value for it.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a NUL-terminated path and `st` a valid statvfs to fill.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
-    assert_eq!(
-        rc,
-        0,
-        "statvfs of the mount: {}",
-        std::io::Error::last_os_error()
-    );
-    st
-}
-
 #[test]
 fn statfs_free_space_follows_what_files_use_in_remote_memory() {
     let (fsd, _memnode) = mount("256M");
     let free = |st: &libc::statvfs| st.f_bfree * st.f_frsize;
-    let before = free(&statvfs(fsd.path()));
+    let before = free(&rmemfs_tests::kernel::statvfs(fsd.path()));
     let path = fsd.join("big");
     let pattern = Pattern::for_test("statfs free space");
     pattern.write_file(&path, 48 * MIB);
     fs::File::open(&path)
         .and_then(|f| f.sync_all())
         .expect("fsync");
-    let written = free(&statvfs(fsd.path()));
+    let written = free(&rmemfs_tests::kernel::statvfs(fsd.path()));
     println!("free: {before} before, {written} with 48 MiB written");
     assert!(
         before.saturating_sub(written) >= 47 * MIB,
@@ -568,7 +551,7 @@ fn statfs_free_space_follows_what_files_use_in_remote_memory() {
         before - written
     );
     fs::remove_file(&path).expect("unlink");
-    let after = free(&statvfs(fsd.path()));
+    let after = free(&rmemfs_tests::kernel::statvfs(fsd.path()));
     println!("free after unlink: {after}");
     assert!(
         after + MIB >= before,
@@ -580,7 +563,7 @@ fn statfs_free_space_follows_what_files_use_in_remote_memory() {
 #[test]
 fn statfs_reports_the_memnode_capacity() {
     let (fsd, memnode) = mount("256M");
-    let st = statvfs(fsd.path());
+    let st = rmemfs_tests::kernel::statvfs(fsd.path());
     let total = st.f_blocks * st.f_frsize;
     let cap = memnode.capacity();
     println!(

@@ -20,15 +20,13 @@
 
 use rmemfs_tests::binaries::program;
 use rmemfs_tests::command::command_line;
-use rmemfs_tests::data::assert_bytes_eq;
+use rmemfs_tests::data::{assert_bytes_eq, timed_uncached_read};
 use rmemfs_tests::{
     assert_errno, dir_names, fresh_dir, heavy_test, poll_until, within, FsdMount, FsdStats,
-    MemnodeProc, Pattern, StatsFile, Transport, UncachedReader, MIB,
+    MemnodeProc, Pattern, StatsFile, Transport, MIB,
 };
 use std::collections::BTreeSet;
-use std::ffi::CString;
 use std::fs::File;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -67,40 +65,6 @@ fn node_key(i: usize, what: &str) -> String {
 /// `node{i}_blocks` for each i in `nodes`.
 fn blocks_keys(nodes: &[usize]) -> Vec<String> {
     nodes.iter().map(|&i| node_key(i, "blocks")).collect()
-}
-
-fn statvfs(path: &Path) -> libc::statvfs {
-    let c = CString::new(path.as_os_str().as_bytes()).expect("path without NUL");
-    // SAFETY: statvfs is plain data, so all-zero is a valid value for it.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a NUL-terminated path and `st` a valid statvfs to fill.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
-    assert_eq!(
-        rc,
-        0,
-        "statvfs of {}: {}",
-        path.display(),
-        std::io::Error::last_os_error()
-    );
-    st
-}
-
-/// Reads `len` bytes at `offset` around the kernel page cache, under [`FAIL_LIMIT`],
-/// and returns the result and how long it took.
-fn timed_uncached_read(
-    path: PathBuf,
-    offset: u64,
-    len: usize,
-) -> (std::io::Result<Vec<u8>>, Duration) {
-    within(
-        FAIL_LIMIT,
-        &format!("reading {} at {offset}", path.display()),
-        move || {
-            let t = Instant::now();
-            let r = UncachedReader::open(&path).and_then(|mut r| r.read_at(offset, len));
-            (r, t.elapsed())
-        },
-    )
 }
 
 /// A fio run in the background, its stdout and stderr going to files (so the test can
@@ -309,6 +273,22 @@ impl FioRun {
     }
 }
 
+/// fsd on `nodes` with `--replicas 2`, a 2 MiB cache, a stats file, and `args`.
+fn mount_two_replicas(nodes: &[MemnodeProc], args: &[&str]) -> (FsdMount, StatsFile) {
+    let refs: Vec<&MemnodeProc> = nodes.iter().collect();
+    let stats = StatsFile::new();
+    let mut all = vec![
+        "--replicas",
+        "2",
+        "--cache",
+        "2M",
+        "--stats-file",
+        stats.arg(),
+    ];
+    all.extend_from_slice(args);
+    (FsdMount::with_memnodes(&refs, &all), stats)
+}
+
 /// Waits until fsd counts memnode `dead` down and the memnodes `live` up.
 fn wait_for_node_states(stats: &StatsFile, dead: &[usize], live: &[usize], what: &str) -> FsdStats {
     stats.wait_for(DETECT_LIMIT, what, |s| {
@@ -321,12 +301,14 @@ fn wait_for_node_states(stats: &StatsFile, dead: &[usize], live: &[usize], what:
 
 /// Waits until background re-replication has given every block `replicas` copies on
 /// the memnodes `live` (their `node{i}_blocks` add up to `replicas` × `blocks`, and no
-/// block is degraded), and returns that reading. Asserts that no block was ever
-/// counted lost meanwhile.
+/// block is degraded) and fsd counts at least `min_blocks` blocks (so a reading from
+/// before fsd's first count, all zeros, does not pass), and returns that reading.
+/// Asserts that no block was ever counted lost meanwhile.
 fn wait_for_full_replication(
     stats: &StatsFile,
     live: &[usize],
     replicas: u64,
+    min_blocks: u64,
     what: &str,
 ) -> FsdStats {
     let keys = blocks_keys(live);
@@ -335,7 +317,9 @@ fn wait_for_full_replication(
     let s = stats.wait_for(REREPLICATION_LIMIT, what, |s| {
         most_lost = most_lost.max(s.value("blocks_lost"));
         most_degraded = most_degraded.max(s.value("blocks_degraded"));
-        s.value("blocks_degraded") == 0 && s.sum(&keys) == replicas * s.value("blocks")
+        s.value("blocks") >= min_blocks
+            && s.value("blocks_degraded") == 0
+            && s.sum(&keys) == replicas * s.value("blocks")
     });
     println!(
         "{what}: done; at most {most_degraded} blocks were seen degraded, {most_lost} lost; \
@@ -433,6 +417,7 @@ fn two_replicas_on_three_memnodes_survive_losing_one_then_another() {
         &stats,
         &[0, 2],
         2,
+        file_blocks,
         "re-replication onto memnodes 0 and 2 after memnode 1 died",
     );
     assert!(
@@ -475,6 +460,7 @@ fn two_replicas_on_three_memnodes_survive_losing_one_then_another() {
         &stats,
         &[1, 2],
         2,
+        file_blocks,
         "re-replication onto memnode 2 and the memnode that came back after memnode 0 died",
     );
     assert!(
@@ -576,7 +562,7 @@ fn one_replica_losing_a_memnode_fails_exactly_its_blocks_with_eio_in_bounded_tim
     let mut slowest = Duration::ZERO;
     for i in 0..FILES {
         let path = fsd.join(name(i));
-        let (r, took) = timed_uncached_read(path, 0, BLOCK as usize);
+        let (r, took) = timed_uncached_read(path, 0, BLOCK as usize, FAIL_LIMIT);
         match r {
             Ok(data) => {
                 assert_bytes_eq(
@@ -734,7 +720,7 @@ fn statfs_reports_the_usable_total_given_the_replica_count() {
     for replicas in [2u64, 1] {
         let r = replicas.to_string();
         let fsd = FsdMount::with_memnodes(&refs, &["--replicas", &r, "--cache", "2M"]);
-        let st = statvfs(fsd.path());
+        let st = rmemfs_tests::kernel::statvfs(fsd.path());
         let total = st.f_blocks * st.f_frsize;
         let free = st.f_bfree * st.f_frsize;
         let usable = raw / replicas;
@@ -821,21 +807,7 @@ fn two_replicas_fail_over_from_a_frozen_memnode() {
     let nodes: Vec<MemnodeProc> = (0..3)
         .map(|_| MemnodeProc::start_on(Transport::Tcp, "256M", &[]))
         .collect();
-    let refs: Vec<&MemnodeProc> = nodes.iter().collect();
-    let stats = StatsFile::new();
-    let fsd = FsdMount::with_memnodes(
-        &refs,
-        &[
-            "--replicas",
-            "2",
-            "--cache",
-            "2M",
-            "--op-timeout",
-            "2",
-            "--stats-file",
-            stats.arg(),
-        ],
-    );
+    let (fsd, stats) = mount_two_replicas(&nodes, &["--op-timeout", "2"]);
     let len = 32 * MIB;
     let path = fsd.join("before");
     pattern.write_file(&path, len);
@@ -885,21 +857,7 @@ fn two_replicas_survive_a_loss_and_use_a_restarted_memnode() {
     let _serial = heavy_test();
     let pattern = Pattern::for_test("two replicas, small cycle");
     let mut nodes: Vec<MemnodeProc> = (0..3).map(|_| MemnodeProc::start("96M")).collect();
-    let refs: Vec<&MemnodeProc> = nodes.iter().collect();
-    let stats = StatsFile::new();
-    let fsd = FsdMount::with_memnodes(
-        &refs,
-        &[
-            "--replicas",
-            "2",
-            "--cache",
-            "2M",
-            "--chunk-size",
-            "4M",
-            "--stats-file",
-            stats.arg(),
-        ],
-    );
+    let (fsd, stats) = mount_two_replicas(&nodes, &["--chunk-size", "4M"]);
     let len = 24 * MIB;
     let path = fsd.join("data");
     pattern.write_file(&path, len);
@@ -912,11 +870,13 @@ fn two_replicas_survive_a_loss_and_use_a_restarted_memnode() {
         move || pattern.verify_file(&p, len),
     );
     wait_for_node_states(&stats, &[1], &[0, 2], "fsd marks killed memnode 1 down");
-    let s = wait_for_full_replication(&stats, &[0, 2], 2, "re-replication after memnode 1 died");
-    assert!(
-        s.value("blocks") >= len / BLOCK,
-        "a {len}-byte file has at least {} blocks; stats {s}",
-        len / BLOCK
+    let blocks = len / BLOCK;
+    wait_for_full_replication(
+        &stats,
+        &[0, 2],
+        2,
+        blocks,
+        "re-replication after memnode 1 died",
     );
 
     let addr = nodes[1].addr().to_string();
@@ -935,7 +895,13 @@ fn two_replicas_survive_a_loss_and_use_a_restarted_memnode() {
         "reading back with memnodes 1 and 0 lost",
         move || pattern.verify_file(&p, len),
     );
-    let s = wait_for_full_replication(&stats, &[1, 2], 2, "re-replication after memnode 0 died");
+    let s = wait_for_full_replication(
+        &stats,
+        &[1, 2],
+        2,
+        blocks,
+        "re-replication after memnode 0 died",
+    );
     assert!(
         s.value(&node_key(1, "blocks")) > 0,
         "the restarted memnode 1 holds copies again; stats {s}"
