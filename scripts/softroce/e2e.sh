@@ -18,7 +18,7 @@
 #                     rmemfs-common's `fabric` binary always runs first when it exists;
 #                     for verbs its absence counts as a failure (the wrong-rkey check
 #                     over verbs lives there).
-#   --timeout SECS    wall time for the whole guest run (default 480).
+#   --timeout SECS    wall time for the whole guest run (default 720).
 #   --mem MB          guest memory (default 2048); --smp N guest CPUs (default 2).
 #   --op-timeout S    fsd's --op-timeout in the tests (default 30; emulated RDMA is
 #                     slow and jittery).
@@ -43,7 +43,7 @@ usage() {
 
 transport=verbs
 tests=round_trip,full_remote_memory,posix,remote_memory_reclaim,replication:two_replicas_survive,replication:one_replica_losing
-timeout_s=480
+timeout_s=720
 mem=2048
 smp=2
 op_timeout=30
