@@ -4,7 +4,7 @@
 //! to the memnode and read back from it all the time.
 
 use rmemfs_tests::binaries::fsx;
-use rmemfs_tests::{fresh_dir, heavy_test, FsdMount, MemnodeProc};
+use rmemfs_tests::{fresh_dir, heavy_test, FsdMount, MemnodeProc, StatsFile};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -46,16 +46,12 @@ fn tail(path: &std::path::Path, bytes: usize) -> String {
     }
 }
 
-#[test]
-fn fsx_runs_50000_operations_on_a_file_larger_than_the_cache_without_a_miscompare() {
-    let _serial = heavy_test();
+/// Runs fsx on a file of `fsd`'s mount: `ops` operations from `seed`, calling
+/// `meanwhile` once, `after` into the run. Panics with fsx's and fsd's output unless
+/// fsx finishes without a miscompare within [`TIME_LIMIT`].
+fn run_fsx(fsd: &FsdMount, ops: u64, seed: u64, after: Duration, meanwhile: impl FnOnce()) {
     let fsx = fsx();
-    let seed = env_u64("RMEMFS_FSX_SEED").unwrap_or_else(|| rand::random::<u32>().into());
-    let ops = env_u64("RMEMFS_FSX_OPS").unwrap_or(MIN_OPS).max(MIN_OPS);
     println!("fsx: seed {seed}, {ops} operations (RMEMFS_FSX_SEED={seed} repeats it)");
-
-    let memnode = MemnodeProc::start("256M");
-    let fsd = FsdMount::with_memnode(&memnode, &["--cache", "1M", "--block-size", "64K"]);
     let work = fresh_dir("rmemfs-fsx");
     let config = work.join("fsx.toml");
     std::fs::write(&config, FSX_CONFIG).expect("writing fsx.toml");
@@ -78,6 +74,7 @@ fn fsx_runs_50000_operations_on_a_file_larger_than_the_cache_without_a_miscompar
         .stderr(std::fs::File::create(&err_path).expect("fsx stderr file"))
         .spawn()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", fsx.display()));
+    let mut meanwhile = Some(meanwhile);
     let status = loop {
         if let Some(status) = child.try_wait().expect("waiting for fsx") {
             break Some(status);
@@ -86,6 +83,11 @@ fn fsx_runs_50000_operations_on_a_file_larger_than_the_cache_without_a_miscompar
             let _ = child.kill();
             let _ = child.wait();
             break None;
+        }
+        if started.elapsed() >= after {
+            if let Some(f) = meanwhile.take() {
+                f();
+            }
         }
         std::thread::sleep(Duration::from_millis(200));
     };
@@ -111,11 +113,71 @@ fn fsx_runs_50000_operations_on_a_file_larger_than_the_cache_without_a_miscompar
         "fsx (seed {seed}) failed with {status} within {ops} operations\n{}",
         report()
     );
+    assert!(
+        meanwhile.is_none(),
+        "fsx finished within {after:?}, before the event the test wanted during the run; \
+         run more operations"
+    );
     println!(
         "fsx: {ops} operations passed in {:?}: {}",
         started.elapsed(),
         tail(&out_path, 200).trim()
     );
     let _ = std::fs::remove_dir_all(&work);
+}
+
+fn seed_and_ops() -> (u64, u64) {
+    let seed = env_u64("RMEMFS_FSX_SEED").unwrap_or_else(|| rand::random::<u32>().into());
+    let ops = env_u64("RMEMFS_FSX_OPS").unwrap_or(MIN_OPS).max(MIN_OPS);
+    (seed, ops)
+}
+
+#[test]
+fn fsx_runs_50000_operations_on_a_file_larger_than_the_cache_without_a_miscompare() {
+    let _serial = heavy_test();
+    let (seed, ops) = seed_and_ops();
+    let memnode = MemnodeProc::start("256M");
+    let fsd = FsdMount::with_memnode(&memnode, &["--cache", "1M", "--block-size", "64K"]);
+    run_fsx(&fsd, ops, seed, Duration::ZERO, || {});
+    fsd.unmount();
+}
+
+/// With two copies of every block on three memnodes, one memnode killed while fsx
+/// runs changes nothing fsx can see: write-backs move to the survivors, reads fail
+/// over, and re-replication (through the same cache fsx is using) races fsx's writes,
+/// truncates and mmap writes without a miscompare.
+#[test]
+fn fsx_sees_no_miscompare_when_a_memnode_dies_under_two_replicas() {
+    let _serial = heavy_test();
+    let (seed, ops) = seed_and_ops();
+    let mut nodes: Vec<MemnodeProc> = (0..3).map(|_| MemnodeProc::start("128M")).collect();
+    let refs: Vec<&MemnodeProc> = nodes.iter().collect();
+    let stats = StatsFile::new();
+    let fsd = FsdMount::with_memnodes(
+        &refs,
+        &[
+            "--cache",
+            "1M",
+            "--block-size",
+            "64K",
+            "--replicas",
+            "2",
+            "--stats-file",
+            stats.arg(),
+        ],
+    );
+    run_fsx(&fsd, ops, seed, Duration::from_secs(3), || {
+        println!("killing memnode 1 while fsx runs");
+        nodes[1].kill();
+    });
+    let s = stats.wait_for(
+        Duration::from_secs(60),
+        "every block back to two copies after fsx",
+        |s| s.value("nodes_down") == 1 && s.value("blocks") > 0 && s.value("blocks_degraded") == 0,
+    );
+    assert!(
+        s.value("rereplicated_blocks") > 0 && s.value("blocks_lost") == 0,
+        "copies lost with memnode 1 should have been restored and none lost: {s}"
+    );
     fsd.unmount();
 }
