@@ -281,6 +281,14 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     config.n_threads = Some(opts.threads);
     config.clone_fd = true;
 
+    // Handlers go in before mounting: a SIGTERM that comes as soon as the mount is
+    // visible (a script that mounts and stops at once) is queued for the thread below
+    // instead of killing fsd with the default action and leaving the mount behind.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .context("installing signal handlers")?;
     let mut session = fuser::Session::new(FuseAdapter::new(fs.clone()), &opts.mountpoint, &config)
         .with_context(|| format!("mounting on {}", opts.mountpoint.display()))?;
     let mut unmounter = session.unmount_callable();
@@ -292,11 +300,6 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         cv: Condvar::new(),
     });
     let session_over = Arc::new(AtomicBool::new(false));
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ])
-    .context("installing signal handlers")?;
     let signal_handle = signals.handle();
     let mountpoint = opts.mountpoint.clone();
     let signal_thread = {

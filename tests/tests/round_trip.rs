@@ -23,3 +23,14 @@ fn a_256_mib_file_through_a_32_mib_cache_reads_back_byte_exact() {
 
     fsd.unmount();
 }
+
+/// A script that mounts and stops at once: the SIGTERM arrives as soon as fsd says it
+/// mounted, and fsd must still unmount and exit 0 every time (it once took the default
+/// action when the signal beat its handlers).
+#[test]
+fn fsd_stopped_as_soon_as_it_mounts_unmounts_cleanly() {
+    let _serial = heavy_test();
+    for _ in 0..50 {
+        FsdMount::start(&["--embedded-size", "64M", "--cache", "4M"]).unmount();
+    }
+}
