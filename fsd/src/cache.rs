@@ -4,6 +4,16 @@
 //! live in a buffer from a bounded pool (`capacity` buffers of `block_size` bytes), so
 //! fsd's memory for data is bounded by `--cache` however large the files are.
 //!
+//! A page need not hold all of its block: it tracks which *sectors* of it are valid
+//! (sector = max(4 KiB, block size / 64), at most 64 per block, one bit each). A write
+//! that covers whole sectors of a block that is not cached does not read the block
+//! from remote memory: the page holds just those sectors, dirty. The rest is fetched
+//! when it is needed, into a temporary buffer whose bytes are copied only into the
+//! sectors the page does not hold: before a read of the page ([`Fill::Load`]), before
+//! a write whose ends fall inside a sector the page does not hold, and before the
+//! page is written back, since a write-back always writes whole blocks (a block may
+//! get new copies then, which need all of it).
+//!
 //! Structure and invariants:
 //! - `Index::lru` maps keys to live pages, least recently used first. `Index::evicting`
 //!   holds pages taken out of the LRU whose write-back is under way; a lookup that finds
@@ -11,8 +21,11 @@
 //!   while a newer version is still on its way there.
 //! - `Index::by_inode` lists the cached block indices of each inode (both maps), for
 //!   fsync and truncate.
-//! - A page's bytes and flags are only touched under its own mutex. `loaded` says the
-//!   bytes are the block's content; `dirty` says they are newer than remote memory.
+//! - A page's bytes and flags are only touched under its own mutex. `valid` says which
+//!   sectors of the bytes are the block's content (the others are to be taken from
+//!   the backing, and a fill never overwrites a valid sector); `dirty` says the valid
+//!   sectors are newer than remote memory. A page is made fully valid, in one load
+//!   batch per write-back batch, before its bytes are stored.
 //! - The pool may briefly overshoot `capacity` when every page is in use at once (many
 //!   threads each holding pages); it never blocks waiting for a buffer, so no thread
 //!   can deadlock on memory another waiting thread holds.
@@ -42,19 +55,29 @@ const EVICT_BATCH: usize = 8;
 pub trait Backing: Send + Sync {
     /// Fills each buffer with its block's current content (zeros for a hole).
     fn load(&self, pages: &mut [(PageKey, &mut [u8])]) -> Vec<Result<(), FsError>>;
-    /// Writes each buffer to its block's remote location.
+    /// Writes each buffer to its block's remote location. A failure is recorded by
+    /// the backing, for fsync or close to report.
     fn store(&self, pages: &[(PageKey, &[u8])]) -> Vec<Result<(), FsError>>;
+    /// A dirty page could not be written back for a reason of the cache's own (its
+    /// block could not be loaded to complete it): record `e` as `store` records its
+    /// failures.
+    fn record_write_error(&self, key: PageKey, e: &FsError);
 }
 
-/// How a page that is not loaded yet is to be filled before use.
+/// How a page that is not fully valid is to be filled before use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fill {
-    /// Read the block from the backing.
+    /// Read the block from the backing (into the sectors the page does not hold).
     Load,
-    /// The block has no content yet (a hole or beyond EOF): zeros.
+    /// The block has no content yet (a hole or beyond EOF): zeros (in the sectors
+    /// the page does not hold).
     Zero,
     /// The caller overwrites the whole block; leave the buffer as it is.
     Overwrite,
+    /// The caller overwrites bytes `from..to` of the block and nothing else. Sectors
+    /// it covers whole need no content; the block is loaded only if an end of the
+    /// range falls inside a sector the page does not hold.
+    Write { from: usize, to: usize },
 }
 
 /// Statistics, for logs and benchmarks.
@@ -64,11 +87,17 @@ pub struct CacheCounters {
     pub misses: AtomicU64,
     pub evictions: AtomicU64,
     pub writebacks: AtomicU64,
+    /// Writes into pages that did not hold their sectors and that needed no load.
+    pub partial_writes: AtomicU64,
+    /// Partly valid pages completed from the backing (before a read, an unaligned
+    /// write or a write-back).
+    pub partial_fills: AtomicU64,
 }
 
 struct PageState {
     buf: PageBuf,
-    loaded: bool,
+    /// Bit `i`: sector `i` of `buf` holds the block's content.
+    valid: u64,
     dirty: bool,
     /// False once the page has left the cache (evicted or invalidated). A thread that
     /// got the page before that and locks it after must not use it: its changes would
@@ -123,19 +152,108 @@ impl Index {
     }
 }
 
+/// Which sectors of a block are valid, and how to tell.
+#[derive(Debug, Clone, Copy)]
+struct Sectors {
+    /// Bytes per sector; divides the block size.
+    len: usize,
+    /// Every sector of a block.
+    full: u64,
+}
+
+impl Sectors {
+    fn new(block_size: usize, sector: usize) -> Sectors {
+        // (A remainder by hand: `is_multiple_of` is newer than the workspace's MSRV.)
+        let rest = if sector > 0 { block_size % sector } else { 1 };
+        assert!(
+            rest == 0 && block_size / sector <= 64,
+            "sector size {sector} does not split a {block_size}-byte block into 1 to 64"
+        );
+        Sectors {
+            len: sector,
+            full: bits(0, block_size / sector),
+        }
+    }
+
+    /// The sectors that bytes `from..to` of a block cover whole, and those they touch.
+    fn of(&self, from: usize, to: usize) -> (u64, u64) {
+        let whole = bits(from.div_ceil(self.len), to / self.len);
+        let touched = bits(from / self.len, to.div_ceil(self.len));
+        (whole, touched)
+    }
+
+    /// Copies the sectors not in `valid` from `src` into `dst`.
+    fn merge(&self, dst: &mut [u8], src: &[u8], valid: u64) {
+        let n = (self.full.count_ones()) as usize;
+        let mut i = 0;
+        while i < n {
+            if valid & (1 << i) != 0 {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < n && valid & (1 << i) == 0 {
+                i += 1;
+            }
+            let r = start * self.len..i * self.len;
+            dst[r.clone()].copy_from_slice(&src[r]);
+        }
+    }
+
+    /// Zeros the sectors not in `valid`.
+    fn zero(&self, dst: &mut [u8], valid: u64) {
+        if valid == 0 {
+            dst.fill(0);
+            return;
+        }
+        for (i, s) in dst.chunks_mut(self.len).enumerate() {
+            if valid & (1 << i) == 0 {
+                s.fill(0);
+            }
+        }
+    }
+}
+
+/// Bits `a..b` set (empty if `b <= a`); `b <= 64`.
+fn bits(a: usize, b: usize) -> u64 {
+    if b <= a {
+        0
+    } else if b - a == 64 {
+        u64::MAX
+    } else {
+        ((1u64 << (b - a)) - 1) << a
+    }
+}
+
+/// The default sector size for a block size: 4 KiB, or a 64th of the block.
+pub fn sector_size(block_size: usize) -> usize {
+    (block_size / 64).max(4096).min(block_size)
+}
+
 pub struct PageCache {
     capacity: usize,
+    block_size: usize,
+    sectors: Sectors,
     slab: Slab,
     index: Mutex<Index>,
     pub counters: CacheCounters,
 }
 
 impl PageCache {
-    /// A cache of `capacity_bytes` (at least two blocks) in blocks of `block_size`.
+    /// A cache of `capacity_bytes` (at least two blocks) in blocks of `block_size`,
+    /// with sectors of [`sector_size`].
     pub fn new(capacity_bytes: u64, block_size: usize) -> PageCache {
+        PageCache::with_sector_size(capacity_bytes, block_size, sector_size(block_size))
+    }
+
+    /// As [`PageCache::new`], with sectors of `sector` bytes (dividing the block into
+    /// at most 64).
+    pub fn with_sector_size(capacity_bytes: u64, block_size: usize, sector: usize) -> PageCache {
         let capacity = ((capacity_bytes / block_size as u64) as usize).max(2);
         PageCache {
             capacity,
+            block_size,
+            sectors: Sectors::new(block_size, sector),
             slab: Slab::new(capacity, block_size),
             index: Mutex::new(Index {
                 lru: LruCache::unbounded(),
@@ -163,7 +281,7 @@ impl PageCache {
         (self.capacity / 4).clamp(1, 64)
     }
 
-    /// Returns the page for `key`, creating it (unloaded) if needed, evicting as needed.
+    /// Returns the page for `key`, creating it (holding nothing) if needed, evicting as needed.
     /// Must be called with no page mutex held.
     fn acquire(&self, backing: &dyn Backing, key: PageKey) -> Arc<Page> {
         // Set when an eviction round freed nothing (every victim busy): allocate
@@ -198,7 +316,7 @@ impl PageCache {
                         key,
                         state: Mutex::new(PageState {
                             buf,
-                            loaded: false,
+                            valid: 0,
                             dirty: false,
                             live: true,
                         }),
@@ -263,7 +381,7 @@ impl PageCache {
             // another thread still holds the page (and will find it dead), and the
             // buffer is freed with the page.
             if Arc::strong_count(page) == 1 {
-                state.loaded = false;
+                state.valid = 0;
                 let buf = std::mem::take(&mut state.buf);
                 if idx.buffers <= self.capacity {
                     idx.spare.push(buf);
@@ -292,9 +410,44 @@ impl PageCache {
         pages: &mut [(PageKey, &mut PageState)],
         clean_on_error: bool,
     ) -> Result<(), FsError> {
-        let dirty: Vec<usize> = (0..pages.len()).filter(|&i| pages[i].1.dirty).collect();
+        let mut dirty: Vec<usize> = (0..pages.len()).filter(|&i| pages[i].1.dirty).collect();
         if dirty.is_empty() {
             return Ok(());
+        }
+        // Whole blocks are stored: complete the partly valid pages first, in one batch.
+        let mut first_err = Ok(());
+        let partial: Vec<usize> = dirty
+            .iter()
+            .copied()
+            .filter(|&i| pages[i].1.valid != self.sectors.full)
+            .collect();
+        if !partial.is_empty() {
+            let mut sub: Vec<(PageKey, &mut PageState)> = Vec::with_capacity(partial.len());
+            let mut wanted = partial.iter().peekable();
+            for (i, (k, s)) in pages.iter_mut().enumerate() {
+                if wanted.peek() == Some(&&i) {
+                    wanted.next();
+                    sub.push((*k, &mut **s));
+                }
+            }
+            let results = self.complete(backing, &mut sub);
+            drop(sub);
+            for (&i, r) in partial.iter().zip(results) {
+                if let Err(e) = r {
+                    // Its missing sectors are unknown: storing it would overwrite them.
+                    backing.record_write_error(pages[i].0, &e);
+                    if clean_on_error {
+                        pages[i].1.dirty = false;
+                    }
+                    if first_err.is_ok() {
+                        first_err = Err(e);
+                    }
+                }
+            }
+            dirty.retain(|&i| pages[i].1.valid == self.sectors.full);
+            if dirty.is_empty() {
+                return first_err;
+            }
         }
         let batch: Vec<(PageKey, &[u8])> = dirty
             .iter()
@@ -305,7 +458,6 @@ impl PageCache {
         self.counters
             .writebacks
             .fetch_add(dirty.len() as u64, Ordering::Relaxed);
-        let mut first_err = Ok(());
         for (&i, r) in dirty.iter().zip(results) {
             if r.is_ok() || clean_on_error {
                 pages[i].1.dirty = false;
@@ -317,9 +469,57 @@ impl PageCache {
         first_err
     }
 
+    /// Makes `pages` (locked by the caller) fully valid: loads their blocks in one
+    /// batch, straight into the buffers of pages that hold nothing, and through a
+    /// temporary buffer into the missing sectors of the others. One result per page;
+    /// a page whose load failed keeps its valid sectors and nothing else.
+    fn complete(
+        &self,
+        backing: &dyn Backing,
+        pages: &mut [(PageKey, &mut PageState)],
+    ) -> Vec<Result<(), FsError>> {
+        let full = self.sectors.full;
+        let mut temps: Vec<Option<Vec<u8>>> = pages
+            .iter()
+            .map(|(_, s)| (s.valid != 0 && s.valid != full).then(|| vec![0; self.block_size]))
+            .collect();
+        let mut out: Vec<Result<(), FsError>> = pages.iter().map(|_| Ok(())).collect();
+        let mut which = Vec::new();
+        let mut batch: Vec<(PageKey, &mut [u8])> = Vec::new();
+        for (n, ((key, s), temp)) in pages.iter_mut().zip(temps.iter_mut()).enumerate() {
+            if s.valid == full {
+                continue;
+            }
+            which.push(n);
+            match temp {
+                Some(t) => batch.push((*key, &mut t[..])),
+                None => batch.push((*key, &mut s.buf[..])),
+            }
+        }
+        if batch.is_empty() {
+            return out;
+        }
+        let results = backing.load(&mut batch);
+        drop(batch);
+        for (&n, r) in which.iter().zip(results) {
+            let s = &mut *pages[n].1;
+            match r {
+                Ok(()) => {
+                    if let Some(t) = &temps[n] {
+                        self.sectors.merge(&mut s.buf, t, s.valid);
+                        self.counters.partial_fills.fetch_add(1, Ordering::Relaxed);
+                    }
+                    s.valid = full;
+                }
+                Err(e) => out[n] = Err(e),
+            }
+        }
+        out
+    }
+
     /// Runs `f(block index, bytes, dirty)` on the pages of `ino` for every index in
-    /// `idxs`, in order, each loaded (or filled as `fill` says) and locked. Pages missing
-    /// from the cache are loaded in one batch per group.
+    /// `idxs`, in order, each locked and made fully valid, or prepared as `fill` says
+    /// for the bytes `f` overwrites. Blocks to load are loaded in one batch per group.
     pub fn access<F>(
         &self,
         backing: &dyn Backing,
@@ -347,42 +547,57 @@ impl PageCache {
                 drop(guards);
                 continue; // lost a race with eviction; redo this group
             }
+            let full = self.sectors.full;
+            // Sectors each page gains from the callback: those it overwrites whole.
+            let mut gains = vec![0u64; guards.len()];
             let mut to_load = Vec::new();
             for (n, g) in guards.iter_mut().enumerate() {
-                if g.loaded {
+                if g.valid == full {
                     continue;
                 }
                 let i = start + n as u64;
                 match fill(i) {
                     Fill::Load => to_load.push(n),
                     Fill::Zero => {
-                        g.buf.fill(0);
-                        g.loaded = true;
+                        let valid = g.valid;
+                        self.sectors.zero(&mut g.buf, valid);
+                        g.valid = full;
                     }
-                    Fill::Overwrite => {}
+                    Fill::Overwrite => gains[n] = full,
+                    Fill::Write { from, to } => {
+                        let (whole, touched) = self.sectors.of(from, to);
+                        // Bytes of a sector the page lacks would be left unknown.
+                        if touched & !whole & !g.valid != 0 {
+                            to_load.push(n);
+                        } else {
+                            gains[n] = whole;
+                            if whole & !g.valid != 0 {
+                                self.counters.partial_writes.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
                 }
             }
             if !to_load.is_empty() {
-                let mut batch: Vec<(PageKey, &mut [u8])> = Vec::with_capacity(to_load.len());
+                let mut batch: Vec<(PageKey, &mut PageState)> = Vec::with_capacity(to_load.len());
                 let mut wanted = to_load.iter().peekable();
                 for (n, g) in guards.iter_mut().enumerate() {
                     if wanted.peek() == Some(&&n) {
                         wanted.next();
-                        batch.push(((ino, start + n as u64), &mut g.buf[..]));
+                        batch.push(((ino, start + n as u64), &mut **g));
                     }
                 }
-                let results = backing.load(&mut batch);
+                let results = self.complete(backing, &mut batch);
                 drop(batch);
-                for (&n, r) in to_load.iter().zip(results) {
+                for r in results {
                     r?;
-                    guards[n].loaded = true;
                 }
             }
             for (n, g) in guards.iter_mut().enumerate() {
                 let g = &mut **g;
                 let result = f(start + n as u64, &mut g.buf, &mut g.dirty);
-                // A page the callback wrote in full (Overwrite) now holds real content.
-                g.loaded = true;
+                // What the callback wrote in full (Overwrite, Write) is now content.
+                g.valid |= gains[n];
                 result?;
             }
             start = end;
@@ -445,7 +660,7 @@ impl PageCache {
         for p in pages {
             let mut g = lock(&p.state);
             g.dirty = false;
-            g.loaded = false;
+            g.valid = 0;
             g.live = false;
         }
     }

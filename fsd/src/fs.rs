@@ -329,11 +329,12 @@ impl RmemFs {
             let last_exists = inode.meta().blocks.contains_key(&last);
             if tail != 0 && last_exists {
                 // Keep "bytes past EOF in the last block are zero" true.
+                let (from, to) = (tail as usize, bs as usize);
                 self.cache.access(
                     self,
                     inode.ino,
                     last..last + 1,
-                    |_| Fill::Load,
+                    |_| Fill::Write { from, to },
                     |_, buf, dirty| {
                         buf[tail as usize..].fill(0);
                         *dirty = true;
@@ -424,9 +425,11 @@ impl RmemFs {
     /// The second half of [`RmemFs::write`]: `data` into blocks that have locations,
     /// under the caller's io lock. Writers hold that lock shared, so another write may
     /// have filled a block this one allocated, and the page may even have gone to
-    /// remote memory since: a partly written block is therefore always loaded, never
-    /// assumed empty because this writer allocated it. Loading a block whose content
-    /// never reached remote memory yields zeros without a remote read (`written`).
+    /// remote memory since: the rest of a partly written block is therefore always
+    /// taken from the block (now, or when the page is completed before a read or a
+    /// write-back, see `cache.rs`), never assumed empty because this writer allocated
+    /// it. Loading a block whose content never reached remote memory yields zeros
+    /// without a remote read (`written`).
     fn write_allocated(&self, inode: &Inode, offset: u64, data: &[u8]) -> FsResult<u32> {
         let end = offset + data.len() as u64;
         let bs = self.block_size;
@@ -441,7 +444,10 @@ impl RmemFs {
                 if offset <= block_start && end >= block_start + bs {
                     Fill::Overwrite
                 } else {
-                    Fill::Load
+                    Fill::Write {
+                        from: (offset.max(block_start) - block_start) as usize,
+                        to: (end.min(block_start + bs) - block_start) as usize,
+                    }
                 }
             },
             |i, buf, dirty| {

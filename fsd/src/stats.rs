@@ -24,6 +24,8 @@ pub struct Snapshot {
     pub cache_misses: u64,
     pub cache_evictions: u64,
     pub cache_writebacks: u64,
+    pub cache_partial_writes: u64,
+    pub cache_partial_fills: u64,
     pub cache_pages: u64,
     pub cache_capacity_pages: u64,
     pub block_size: u64,
@@ -52,6 +54,8 @@ impl Snapshot {
             cache_misses: get(&c.misses),
             cache_evictions: get(&c.evictions),
             cache_writebacks: get(&c.writebacks),
+            cache_partial_writes: get(&c.partial_writes),
+            cache_partial_fills: get(&c.partial_fills),
             cache_pages: fs.cache().cached_pages() as u64,
             cache_capacity_pages: fs.cache().capacity_pages() as u64,
             block_size: fs.remote().block_size(),
@@ -83,6 +87,8 @@ impl Snapshot {
             ("cache_misses", self.cache_misses),
             ("cache_evictions", self.cache_evictions),
             ("cache_writebacks", self.cache_writebacks),
+            ("cache_partial_writes", self.cache_partial_writes),
+            ("cache_partial_fills", self.cache_partial_fills),
             ("cache_pages", self.cache_pages),
             ("cache_capacity_pages", self.cache_capacity_pages),
             ("block_size", self.block_size),
@@ -163,7 +169,7 @@ mod tests {
         assert!(json.contains("\"remote_read_bytes\": 196608,"), "{json}");
         assert!(json.contains("\"chunk_allocs\": 1,"), "{json}");
         assert!(json.contains("\"block_size\": 65536,"), "{json}");
-        assert_eq!(json.matches(':').count(), 14 + 7 + 2 * 2);
+        assert_eq!(json.matches(':').count(), 16 + 7 + 2 * 2);
     }
 
     #[test]

@@ -11,15 +11,28 @@ struct MemBacking {
     blocks: Mutex<HashMap<PageKey, Vec<u8>>>,
     loads: AtomicUsize,
     stores: AtomicUsize,
+    /// Calls of `load` and of `store` (batches).
+    load_calls: AtomicUsize,
+    store_calls: AtomicUsize,
+    /// Loads of these keys fail.
+    failing: Mutex<Vec<PageKey>>,
+    /// Errors recorded by `record_write_error`.
+    recorded: Mutex<Vec<PageKey>>,
 }
 
 impl Backing for MemBacking {
     fn load(&self, pages: &mut [(PageKey, &mut [u8])]) -> Vec<Result<(), FsError>> {
+        self.load_calls.fetch_add(1, Ordering::SeqCst);
         let blocks = lock(&self.blocks);
+        let failing = lock(&self.failing);
         pages
             .iter_mut()
             .map(|(k, buf)| {
                 self.loads.fetch_add(1, Ordering::SeqCst);
+                if failing.contains(k) {
+                    buf.fill(0xee); // what a failed read may leave behind
+                    return Err(FsError::Io("injected".into()));
+                }
                 match blocks.get(k) {
                     Some(b) => buf.copy_from_slice(b),
                     None => buf.fill(0),
@@ -30,6 +43,7 @@ impl Backing for MemBacking {
     }
 
     fn store(&self, pages: &[(PageKey, &[u8])]) -> Vec<Result<(), FsError>> {
+        self.store_calls.fetch_add(1, Ordering::SeqCst);
         let mut blocks = lock(&self.blocks);
         pages
             .iter()
@@ -39,6 +53,10 @@ impl Backing for MemBacking {
                 Ok(())
             })
             .collect()
+    }
+
+    fn record_write_error(&self, key: PageKey, _e: &FsError) {
+        lock(&self.recorded).push(key);
     }
 }
 
@@ -235,5 +253,320 @@ proptest! {
             }
             prop_assert!(c.cached_pages() <= cap);
         }
+    }
+}
+
+// Sub-block validity: blocks of 16 bytes in 4 sectors of 4.
+
+const SECTOR: usize = 4;
+
+fn sectored(blocks: usize) -> PageCache {
+    PageCache::with_sector_size((blocks * BS) as u64, BS, SECTOR)
+}
+
+/// Writes `data` at byte `from` of block `key`, as the filesystem's write does.
+fn write_at(c: &PageCache, b: &dyn Backing, key: PageKey, from: usize, data: &[u8]) {
+    let to = from + data.len();
+    c.access(
+        b,
+        key.0,
+        key.1..key.1 + 1,
+        |_| {
+            if from == 0 && to == BS {
+                Fill::Overwrite
+            } else {
+                Fill::Write { from, to }
+            }
+        },
+        |_, buf, dirty| {
+            buf[from..to].copy_from_slice(data);
+            *dirty = true;
+            Ok(())
+        },
+    )
+    .expect("write");
+}
+
+fn block_of(bytes: &[u8]) -> Vec<u8> {
+    assert_eq!(bytes.len(), BS);
+    bytes.to_vec()
+}
+
+#[test]
+fn sector_masks() {
+    assert_eq!(bits(0, 0), 0);
+    assert_eq!(bits(3, 2), 0);
+    assert_eq!(bits(0, 64), u64::MAX);
+    assert_eq!(bits(1, 3), 0b110);
+    assert_eq!(bits(63, 64), 1 << 63);
+    let s = Sectors::new(16, 4);
+    assert_eq!(s.full, 0b1111);
+    assert_eq!(s.of(0, 16), (0b1111, 0b1111));
+    assert_eq!(s.of(4, 8), (0b0010, 0b0010));
+    assert_eq!(s.of(5, 8), (0, 0b0010));
+    assert_eq!(s.of(3, 13), (0b0110, 0b1111));
+    assert_eq!(s.of(4, 5), (0, 0b0010));
+    assert_eq!(s.of(12, 16), (0b1000, 0b1000));
+    assert_eq!(sector_size(4096), 4096);
+    assert_eq!(sector_size(64 << 10), 4096);
+    assert_eq!(sector_size(1 << 20), 16 << 10);
+    assert_eq!(sector_size(16 << 20), 256 << 10);
+    assert_eq!(Sectors::new(16 << 20, sector_size(16 << 20)).full, u64::MAX);
+}
+
+#[test]
+fn an_aligned_write_to_an_uncached_block_loads_nothing_and_a_read_merges() {
+    let b = MemBacking::default();
+    let c = sectored(4);
+    lock(&b.blocks).insert((1, 0), vec![5; BS]);
+    write_at(&c, &b, (1, 0), 4, &[9; 8]);
+    assert_eq!(b.loads.load(Ordering::SeqCst), 0, "no load at write time");
+    assert_eq!(c.counters.partial_writes.load(Ordering::SeqCst), 1);
+    // A read of the partly valid, dirty page: the new sectors over the old block.
+    let want = block_of(&[5, 5, 5, 5, 9, 9, 9, 9, 9, 9, 9, 9, 5, 5, 5, 5]);
+    assert_eq!(read_block(&c, &b, (1, 0)), want);
+    assert_eq!(b.loads.load(Ordering::SeqCst), 1);
+    assert_eq!(c.counters.partial_fills.load(Ordering::SeqCst), 1);
+    // Now fully valid: no second load, and a write-back stores the merged block.
+    assert_eq!(read_block(&c, &b, (1, 0)), want);
+    c.flush_all(&b).unwrap();
+    assert_eq!(b.loads.load(Ordering::SeqCst), 1);
+    assert_eq!(lock(&b.blocks)[&(1, 0)], want);
+}
+
+#[test]
+fn write_back_completes_partial_pages_in_one_load_batch_then_one_store() {
+    let b = MemBacking::default();
+    let c = sectored(8);
+    for i in 0..4u64 {
+        lock(&b.blocks).insert((1, i), vec![i as u8 + 1; BS]);
+    }
+    for i in 0..4u64 {
+        write_at(&c, &b, (1, i), 8, &[0xa0 + i as u8; 4]);
+    }
+    write_block(&c, &b, (1, 4), 0x77); // full: needs no load
+    assert_eq!(b.loads.load(Ordering::SeqCst), 0);
+    c.flush_inode(&b, 1).unwrap();
+    assert_eq!(b.load_calls.load(Ordering::SeqCst), 1, "one load batch");
+    assert_eq!(b.loads.load(Ordering::SeqCst), 4, "the four partial pages");
+    assert_eq!(b.store_calls.load(Ordering::SeqCst), 1, "one store batch");
+    assert_eq!(b.stores.load(Ordering::SeqCst), 5);
+    let blocks = lock(&b.blocks);
+    for i in 0..4u64 {
+        let mut want = vec![i as u8 + 1; BS];
+        want[8..12].fill(0xa0 + i as u8);
+        assert_eq!(blocks[&(1, i)], want, "block {i}");
+    }
+    assert_eq!(blocks[&(1, 4)], vec![0x77; BS]);
+}
+
+#[test]
+fn a_partial_page_evicted_and_read_back_is_the_merged_block() {
+    // Write a block whole, evict it, write one sector, evict, read back.
+    let b = MemBacking::default();
+    let c = sectored(2);
+    write_block(&c, &b, (1, 0), 3);
+    for i in 0..4u64 {
+        write_block(&c, &b, (2, i), 8);
+    }
+    assert_eq!(lock(&b.blocks)[&(1, 0)], vec![3; BS]);
+    let loads = b.loads.load(Ordering::SeqCst);
+    write_at(&c, &b, (1, 0), 12, &[4; 4]);
+    assert_eq!(
+        b.loads.load(Ordering::SeqCst),
+        loads,
+        "no load at write time"
+    );
+    for i in 0..4u64 {
+        write_block(&c, &b, (2, i), 9);
+    }
+    let want = block_of(&[3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 4, 4, 4, 4]);
+    assert_eq!(lock(&b.blocks)[&(1, 0)], want, "written back merged");
+    assert_eq!(read_block(&c, &b, (1, 0)), want);
+}
+
+#[test]
+fn unaligned_writes_load_only_when_an_end_falls_in_a_missing_sector() {
+    let b = MemBacking::default();
+    let c = sectored(4);
+    lock(&b.blocks).insert((1, 0), vec![1; BS]);
+    // Sector 0 only, aligned: no load.
+    write_at(&c, &b, (1, 0), 0, &[2; 4]);
+    // Inside sector 0, which the page holds: no load.
+    write_at(&c, &b, (1, 0), 1, &[3; 2]);
+    assert_eq!(b.loads.load(Ordering::SeqCst), 0);
+    // Ends in sector 1, which the page lacks: load, keeping sector 0's new bytes.
+    write_at(&c, &b, (1, 0), 2, &[4; 4]);
+    assert_eq!(b.loads.load(Ordering::SeqCst), 1);
+    let want = block_of(&[2, 3, 4, 4, 4, 4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
+    assert_eq!(read_block(&c, &b, (1, 0)), want);
+    assert_eq!(b.loads.load(Ordering::SeqCst), 1);
+    // An unaligned write to another uncached block loads it first.
+    lock(&b.blocks).insert((1, 1), vec![6; BS]);
+    write_at(&c, &b, (1, 1), 5, &[7; 6]);
+    assert_eq!(b.loads.load(Ordering::SeqCst), 2);
+    let want = block_of(&[6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 6, 6, 6, 6, 6]);
+    assert_eq!(read_block(&c, &b, (1, 1)), want);
+}
+
+#[test]
+fn a_zero_fill_keeps_the_valid_sectors() {
+    let b = MemBacking::default();
+    let c = sectored(4);
+    lock(&b.blocks).insert((1, 0), vec![1; BS]);
+    write_at(&c, &b, (1, 0), 4, &[2; 4]);
+    let mut seen = Vec::new();
+    c.access(
+        &b,
+        1,
+        0..1,
+        |_| Fill::Zero,
+        |_, buf, _| {
+            seen = buf.to_vec();
+            Ok(())
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        seen,
+        block_of(&[0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0])
+    );
+    assert_eq!(b.loads.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn an_invalidated_partial_page_is_neither_loaded_nor_stored() {
+    let b = MemBacking::default();
+    let c = sectored(4);
+    lock(&b.blocks).insert((1, 0), vec![1; BS]);
+    write_at(&c, &b, (1, 0), 0, &[2; 4]);
+    c.invalidate(1, 0);
+    c.flush_all(&b).unwrap();
+    assert_eq!(b.loads.load(Ordering::SeqCst), 0);
+    assert_eq!(b.stores.load(Ordering::SeqCst), 0);
+    assert_eq!(lock(&b.blocks)[&(1, 0)], vec![1; BS]);
+    // The block as it is in the backing, not the dropped sector.
+    assert_eq!(read_block(&c, &b, (1, 0)), vec![1; BS]);
+}
+
+#[test]
+fn a_partial_page_that_cannot_be_completed_is_not_stored_and_the_error_is_recorded() {
+    let b = MemBacking::default();
+    let c = sectored(2);
+    lock(&b.blocks).insert((1, 0), vec![1; BS]);
+    lock(&b.failing).push((1, 0));
+    write_at(&c, &b, (1, 0), 4, &[2; 4]);
+    assert!(c.flush_inode(&b, 1).is_err(), "fsync reports it");
+    assert_eq!(
+        b.stores.load(Ordering::SeqCst),
+        0,
+        "no half-known block stored"
+    );
+    assert_eq!(*lock(&b.recorded), vec![(1, 0)]);
+    assert_eq!(c.dirty_pages(), 1, "still dirty after a failed fsync");
+    // A read fails too, and leaves the page's own sector alone.
+    assert!(c
+        .access(&b, 1, 0..1, |_| Fill::Load, |_, _, _| Ok(()))
+        .is_err());
+    lock(&b.failing).clear();
+    let want = block_of(&[1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1]);
+    assert_eq!(read_block(&c, &b, (1, 0)), want);
+    c.flush_all(&b).unwrap();
+    assert_eq!(lock(&b.blocks)[&(1, 0)], want);
+    // Eviction: the write-back cannot complete the page; it is dropped, recorded.
+    lock(&b.failing).push((1, 1));
+    write_at(&c, &b, (1, 1), 0, &[3; 4]);
+    for i in 0..4u64 {
+        write_block(&c, &b, (2, i), 8);
+    }
+    assert_eq!(*lock(&b.recorded), vec![(1, 0), (1, 1)]);
+    assert!(!lock(&b.blocks).contains_key(&(1, 1)));
+}
+
+#[derive(Debug, Clone)]
+enum PartOp {
+    /// Block, start, length (clamped to the block), byte.
+    Write(u64, usize, usize, u8),
+    Read(u64),
+    Flush,
+    Truncate(u64),
+}
+
+fn part_op() -> impl Strategy<Value = PartOp> {
+    prop_oneof![
+        4 => (0..8u64, 0..BS, 1..=BS, any::<u8>()).prop_map(|(k, f, l, v)| PartOp::Write(k, f, l, v)),
+        // Whole sectors.
+        2 => (0..8u64, 0..BS / SECTOR, 1..=BS / SECTOR, any::<u8>())
+            .prop_map(|(k, f, l, v)| PartOp::Write(k, f * SECTOR, l * SECTOR, v)),
+        2 => (0..8u64).prop_map(PartOp::Read),
+        1 => Just(PartOp::Flush),
+        1 => (0..8u64).prop_map(PartOp::Truncate),
+    ]
+}
+
+proptest! {
+    /// With sectors, partial writes of any alignment, evictions, flushes and
+    /// truncation, the cache still behaves like a plain map from block to bytes.
+    #[test]
+    fn partial_writes_match_a_simple_model(ops in proptest::collection::vec(part_op(), 1..200), cap in 2usize..5) {
+        let b = MemBacking::default();
+        let c = sectored(cap);
+        let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
+        for op in ops {
+            match op {
+                PartOp::Write(k, from, len, v) => {
+                    let to = (from + len).min(BS);
+                    write_at(&c, &b, (1, k), from, &vec![v; to - from]);
+                    model.entry(k).or_insert_with(|| vec![0; BS])[from..to].fill(v);
+                }
+                PartOp::Read(k) => {
+                    let want = model.get(&k).cloned().unwrap_or_else(|| vec![0; BS]);
+                    prop_assert_eq!(read_block(&c, &b, (1, k)), want);
+                }
+                PartOp::Flush => c.flush_all(&b).unwrap(),
+                PartOp::Truncate(from) => {
+                    c.invalidate(1, from);
+                    lock(&b.blocks).retain(|k, _| k.1 < from);
+                    model.retain(|&k, _| k < from);
+                }
+            }
+            prop_assert!(c.cached_pages() <= cap);
+        }
+        c.flush_all(&b).unwrap();
+        let blocks = lock(&b.blocks);
+        for (k, want) in &model {
+            prop_assert_eq!(blocks.get(&(1, *k)), Some(want), "block {}", k);
+        }
+    }
+}
+
+#[test]
+fn concurrent_partial_writers_to_the_same_blocks_lose_nothing() {
+    // Each thread owns one sector of every block; pages come and go under them.
+    let b = Arc::new(MemBacking::default());
+    let c = Arc::new(sectored(3));
+    let threads: Vec<_> = (0..4usize)
+        .map(|t| {
+            let (b, c) = (b.clone(), c.clone());
+            std::thread::spawn(move || {
+                for round in 0..300usize {
+                    let k = (round % 5) as u64;
+                    let byte = (round % 251) as u8 + 1;
+                    write_at(&c, b.as_ref(), (1, k), t * SECTOR, &[byte; SECTOR]);
+                    let got = read_block(&c, b.as_ref(), (1, k));
+                    assert_eq!(got[t * SECTOR..(t + 1) * SECTOR], [byte; SECTOR]);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("worker panicked");
+    }
+    c.flush_all(b.as_ref()).unwrap();
+    let blocks = lock(&b.blocks);
+    for k in 0..5u64 {
+        let last = (0..300usize).filter(|r| r % 5 == k as usize).max().unwrap();
+        let want = vec![(last % 251) as u8 + 1; BS];
+        assert_eq!(blocks.get(&(1, k)), Some(&want), "block {k}");
     }
 }

@@ -1,8 +1,9 @@
 //! The page cache's backing: loading blocks from remote memory and writing them back
 //! to every copy.
 //!
-//! Write-back is also where a block regains copies lost with a memnode: a page in the
-//! cache holds the whole block, so before writing it fsd drops the copies that no
+//! Write-back is also where a block regains copies lost with a memnode: a page is
+//! written back whole (the cache completes a partly valid page from the block's
+//! current copies first), so before writing it fsd drops the copies that no
 //! longer exist and allocates new ones up to `--replicas` on other memnodes (as many
 //! as are up and have room). A copy whose write fails is dropped and the write-back
 //! tries again with a replacement, so a write-back only counts as done once every
@@ -90,15 +91,6 @@ impl RmemFs {
         entry.loc.retain(|r| !failed.contains(r));
         false
     }
-
-    fn record_write_error(&self, key: PageKey, e: &FsError) {
-        if let Ok(inode) = self.ns.get(key.0) {
-            let mut m = inode.meta();
-            if m.write_error.is_none() {
-                m.write_error = Some(e.clone());
-            }
-        }
-    }
 }
 
 impl Backing for RmemFs {
@@ -175,5 +167,14 @@ impl Backing for RmemFs {
             }
         }
         results
+    }
+
+    fn record_write_error(&self, key: PageKey, e: &FsError) {
+        if let Ok(inode) = self.ns.get(key.0) {
+            let mut m = inode.meta();
+            if m.write_error.is_none() {
+                m.write_error = Some(e.clone());
+            }
+        }
     }
 }

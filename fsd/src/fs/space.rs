@@ -114,7 +114,7 @@ impl RmemFs {
                 self,
                 inode.ino,
                 idx..idx + 1,
-                |_| Fill::Load,
+                |_| Fill::Write { from, to },
                 |_, buf, dirty| {
                     buf[from..to].fill(0);
                     *dirty = true;
