@@ -32,6 +32,10 @@ struct Cluster {
 
 impl Cluster {
     fn new(count: usize, replicas: usize, cache_blocks: u64) -> Cluster {
+        Cluster::with_block_size(count, replicas, cache_blocks, BS)
+    }
+
+    fn with_block_size(count: usize, replicas: usize, cache_blocks: u64, bs: u64) -> Cluster {
         let nodes: Vec<_> = (0..count)
             .map(|_| Some(start_node("127.0.0.1:0")))
             .collect();
@@ -45,8 +49,8 @@ impl Cluster {
         let remote = RemoteStore::connect(
             &addrs,
             &RemoteConfig {
-                block_size: BS,
-                chunk_size: 16 * BS,
+                block_size: bs,
+                chunk_size: 16 * bs,
                 connections: 2,
                 client_id: 9,
                 token: Vec::new(),
@@ -56,7 +60,7 @@ impl Cluster {
             connect,
         )
         .expect("connects");
-        let fs = RmemFs::new(Arc::new(remote), cache_blocks * BS, ME);
+        let fs = RmemFs::new(Arc::new(remote), cache_blocks * bs, ME);
         Cluster { nodes, addrs, fs }
     }
 
@@ -280,4 +284,55 @@ fn full_memnodes_with_two_copies_give_enospc_and_keep_what_was_written() {
     assert!(back == data, "the first file changed when memory ran out");
     let found = c.fs.maintain(0);
     assert_eq!((found.degraded, found.lost), (0, 0), "{found:?}");
+}
+
+#[test]
+fn a_partial_page_written_back_after_a_loss_gives_the_new_copy_the_whole_block() {
+    // 64 KiB blocks in 4 KiB sectors: a one-sector write leaves the page partly valid.
+    // Its write-back adds a copy on a survivor, which needs all of the block, so the
+    // page is completed from the copy that is left before anything is stored.
+    const BIG: u64 = 64 << 10;
+    let mut c = Cluster::with_block_size(3, 2, 2, BIG);
+    let ino = c.fs.create(ROOT_INO, "f".as_ref(), 0o644, ME).unwrap().ino;
+    let old: Vec<u8> = (0..4 * BIG).map(|i| (i % 253) as u8).collect();
+    c.fs.write(ino, 0, &old).unwrap();
+    c.fs.fsync(ino).unwrap();
+    c.kill(1);
+    let evict = |c: &Cluster| {
+        let tmp =
+            c.fs.create(ROOT_INO, "tmp".as_ref(), 0o644, ME)
+                .unwrap()
+                .ino;
+        c.fs.write(tmp, 0, &vec![1u8; 4 * BIG as usize]).unwrap();
+        c.fs.fsync(tmp).unwrap();
+        c.fs.unlink(ROOT_INO, "tmp".as_ref()).unwrap();
+        c.fs.release(tmp).unwrap();
+    };
+    evict(&c);
+    let mut want = old.clone();
+    for b in 0..4u64 {
+        let at = b * BIG + (b + 3) * 4096;
+        let sector = vec![0xe0 + b as u8; 4096];
+        c.fs.write(ino, at, &sector).unwrap();
+        want[at as usize..at as usize + 4096].copy_from_slice(&sector);
+    }
+    assert_eq!(
+        c.fs.cache().counters.partial_writes.load(Ordering::Relaxed),
+        4
+    );
+    c.fs.fsync(ino).unwrap();
+    let found = c.fs.maintain(0);
+    assert_eq!(
+        found.degraded, 0,
+        "write-back restored the copies: {found:?}"
+    );
+    // Only the copies written by that write-back are left for the blocks that had
+    // one on memnode 1.
+    c.kill(0);
+    evict(&c);
+    let back = c.fs.read(ino, 0, 4 * BIG as u32).unwrap();
+    assert!(
+        back == want,
+        "a copy made from a partial page lacks the old sectors"
+    );
 }

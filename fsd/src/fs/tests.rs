@@ -21,6 +21,10 @@ fn rig(memnode_size: u64, cache: u64, chunk: u64) -> Rig {
 }
 
 fn rig_with_faults(memnode_size: u64, cache: u64, chunk: u64, faults: Arc<Faults>) -> Rig {
+    rig_of(memnode_size, cache, chunk, BS, faults)
+}
+
+fn rig_of(memnode_size: u64, cache: u64, chunk: u64, block: u64, faults: Arc<Faults>) -> Rig {
     let node = memnode::Memnode::start(memnode::MemnodeConfig {
         listen: "127.0.0.1:0".into(),
         size: memnode_size,
@@ -37,7 +41,7 @@ fn rig_with_faults(memnode_size: u64, cache: u64, chunk: u64, faults: Arc<Faults
     let remote = RemoteStore::connect(
         &[addr],
         &RemoteConfig {
-            block_size: BS,
+            block_size: block,
             chunk_size: chunk,
             connections: 2,
             client_id: 42,
@@ -383,3 +387,5 @@ fn two_writers_racing_into_a_new_block_both_land_even_if_it_is_evicted_between_t
         "writer B's half must survive A's late fill (first lost byte at {lost:?} of it)"
     );
 }
+
+mod subblock;
