@@ -51,6 +51,10 @@ pub type PageKey = (u64, u64);
 /// Pages popped per eviction round: write-backs of several victims share one batch.
 const EVICT_BATCH: usize = 8;
 
+/// Temporary buffers one completion of partly valid pages may hold at once (64 blocks
+/// of the default 64 KiB, so every batch the cache makes loads at once at that size).
+const COMPLETE_TEMP_BYTES: usize = 4 << 20;
+
 /// Where pages come from and go to: remote memory, via the filesystem's block maps.
 pub trait Backing: Send + Sync {
     /// Fills each buffer with its block's current content (zeros for a hole).
@@ -234,6 +238,8 @@ pub struct PageCache {
     capacity: usize,
     block_size: usize,
     sectors: Sectors,
+    /// [`COMPLETE_TEMP_BYTES`] (smaller in tests).
+    temp_budget: usize,
     slab: Slab,
     index: Mutex<Index>,
     pub counters: CacheCounters,
@@ -254,6 +260,7 @@ impl PageCache {
             capacity,
             block_size,
             sectors: Sectors::new(block_size, sector),
+            temp_budget: COMPLETE_TEMP_BYTES,
             slab: Slab::new(capacity, block_size),
             index: Mutex::new(Index {
                 lru: LruCache::unbounded(),
@@ -472,47 +479,66 @@ impl PageCache {
     /// Makes `pages` (locked by the caller) fully valid: loads their blocks in one
     /// batch, straight into the buffers of pages that hold nothing, and through a
     /// temporary buffer into the missing sectors of the others. One result per page;
-    /// a page whose load failed keeps its valid sectors and nothing else.
+    /// a page whose load failed keeps its valid sectors and nothing else. The
+    /// temporary buffers stay within [`COMPLETE_TEMP_BYTES`] at once: a batch with
+    /// more partly valid pages than that holds is loaded in several.
     fn complete(
         &self,
         backing: &dyn Backing,
         pages: &mut [(PageKey, &mut PageState)],
     ) -> Vec<Result<(), FsError>> {
         let full = self.sectors.full;
-        let mut temps: Vec<Option<Vec<u8>>> = pages
-            .iter()
-            .map(|(_, s)| (s.valid != 0 && s.valid != full).then(|| vec![0; self.block_size]))
-            .collect();
+        let per_load = (self.temp_budget / self.block_size).max(1);
         let mut out: Vec<Result<(), FsError>> = pages.iter().map(|_| Ok(())).collect();
-        let mut which = Vec::new();
-        let mut batch: Vec<(PageKey, &mut [u8])> = Vec::new();
-        for (n, ((key, s), temp)) in pages.iter_mut().zip(temps.iter_mut()).enumerate() {
-            if s.valid == full {
-                continue;
-            }
-            which.push(n);
-            match temp {
-                Some(t) => batch.push((*key, &mut t[..])),
-                None => batch.push((*key, &mut s.buf[..])),
-            }
-        }
-        if batch.is_empty() {
-            return out;
-        }
-        let results = backing.load(&mut batch);
-        drop(batch);
-        for (&n, r) in which.iter().zip(results) {
-            let s = &mut *pages[n].1;
-            match r {
-                Ok(()) => {
-                    if let Some(t) = &temps[n] {
-                        self.sectors.merge(&mut s.buf, t, s.valid);
-                        self.counters.partial_fills.fetch_add(1, Ordering::Relaxed);
+        let mut next = 0;
+        while next < pages.len() {
+            // This round: pages from `next` on, up to `per_load` partly valid ones.
+            let mut temps: Vec<Option<Vec<u8>>> = Vec::new();
+            let mut partials = 0;
+            let mut end = next;
+            while end < pages.len() {
+                let valid = pages[end].1.valid;
+                let partial = valid != 0 && valid != full;
+                if partial {
+                    if partials == per_load {
+                        break;
                     }
-                    s.valid = full;
+                    partials += 1;
                 }
-                Err(e) => out[n] = Err(e),
+                temps.push(partial.then(|| vec![0; self.block_size]));
+                end += 1;
             }
+            let round = &mut pages[next..end];
+            let mut which = Vec::new();
+            let mut batch: Vec<(PageKey, &mut [u8])> = Vec::new();
+            for (n, ((key, s), temp)) in round.iter_mut().zip(temps.iter_mut()).enumerate() {
+                if s.valid == full {
+                    continue;
+                }
+                which.push(n);
+                match temp {
+                    Some(t) => batch.push((*key, &mut t[..])),
+                    None => batch.push((*key, &mut s.buf[..])),
+                }
+            }
+            if !batch.is_empty() {
+                let results = backing.load(&mut batch);
+                drop(batch);
+                for (&n, r) in which.iter().zip(results) {
+                    let s = &mut *round[n].1;
+                    match r {
+                        Ok(()) => {
+                            if let Some(t) = &temps[n] {
+                                self.sectors.merge(&mut s.buf, t, s.valid);
+                                self.counters.partial_fills.fetch_add(1, Ordering::Relaxed);
+                            }
+                            s.valid = full;
+                        }
+                        Err(e) => out[next + n] = Err(e),
+                    }
+                }
+            }
+            next = end;
         }
         out
     }

@@ -570,3 +570,52 @@ fn concurrent_partial_writers_to_the_same_blocks_lose_nothing() {
         assert_eq!(blocks.get(&(1, k)), Some(&want), "block {k}");
     }
 }
+
+#[test]
+fn completion_holds_a_bounded_number_of_temporary_buffers_at_once() {
+    let b = MemBacking::default();
+    let mut c = sectored(16);
+    c.temp_budget = 2 * BS; // two partly valid pages per load
+    for i in 0..8u64 {
+        lock(&b.blocks).insert((1, i), vec![i as u8 + 1; BS]);
+    }
+    for i in 0..5u64 {
+        write_at(&c, &b, (1, i), 4, &[0xc0; 4]);
+    }
+    c.flush_inode(&b, 1).unwrap();
+    assert_eq!(b.load_calls.load(Ordering::SeqCst), 3, "2 + 2 + 1");
+    assert_eq!(b.loads.load(Ordering::SeqCst), 5);
+    assert_eq!(b.store_calls.load(Ordering::SeqCst), 1, "one store batch");
+    // A read over uncached and partly valid pages: the uncached ones (no temporary
+    // buffer) ride along in the rounds.
+    for i in [5u64, 7] {
+        write_at(&c, &b, (1, i), 8, &[0xd0; 4]);
+    }
+    b.load_calls.store(0, Ordering::SeqCst);
+    let mut got = Vec::new();
+    c.access(
+        &b,
+        1,
+        0..8,
+        |_| Fill::Load,
+        |_, buf, _| {
+            got.push(buf.to_vec());
+            Ok(())
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        b.load_calls.load(Ordering::SeqCst),
+        1,
+        "pages 5 and 6 and 7"
+    );
+    for (i, block) in got.iter().enumerate() {
+        let mut want = vec![i as u8 + 1; BS];
+        if i < 5 {
+            want[4..8].fill(0xc0);
+        } else if i != 6 {
+            want[8..12].fill(0xd0);
+        }
+        assert_eq!(block, &want, "block {i}");
+    }
+}
