@@ -648,9 +648,19 @@ impl PageCache {
 
     /// Writes back every dirty page of `ino`. Returns the first error.
     pub fn flush_inode(&self, backing: &dyn Backing, ino: u64) -> Result<(), FsError> {
-        let pages = lock(&self.index).pages_of(ino, 0..u64::MAX);
+        // The pages are looked up a group at a time, not all at once: a page this holds
+        // cannot recycle its buffer when it is evicted (the buffer goes with the page),
+        // so holding every page of a large file for a whole flush made evictions meanwhile
+        // allocate heap buffers in place of slab slots, which then stayed in use.
+        let idxs: Vec<u64> = lock(&self.index)
+            .by_inode
+            .get(&ino)
+            .map(|set| set.iter().copied().collect())
+            .unwrap_or_default();
         let mut first_err = Ok(());
-        for group in pages.chunks(self.group_len().max(16)) {
+        for chunk in idxs.chunks(self.group_len().max(16)) {
+            let range = chunk[0]..chunk[chunk.len() - 1] + 1;
+            let group = lock(&self.index).pages_of(ino, range);
             // `pages_of` returns ascending indices: locking in order is safe.
             let mut guards: Vec<_> = group.iter().map(|p| (p.key, lock(&p.state))).collect();
             // Dead pages were written back by their evictor, or invalidated.
