@@ -25,7 +25,8 @@
 //!   sectors of the bytes are the block's content (the others are to be taken from
 //!   the backing, and a fill never overwrites a valid sector); `dirty` says the valid
 //!   sectors are newer than remote memory. A page is made fully valid, in one load
-//!   batch per write-back batch, before its bytes are stored.
+//!   batch per write-back batch (several if their temporary buffers would exceed
+//!   `COMPLETE_TEMP_BYTES`), before its bytes are stored.
 //! - The pool may briefly overshoot `capacity` when every page is in use at once (many
 //!   threads each holding pages); it never blocks waiting for a buffer, so no thread
 //!   can deadlock on memory another waiting thread holds.
