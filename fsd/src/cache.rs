@@ -247,8 +247,8 @@ pub struct PageCache {
     temp_budget: usize,
     slab: Slab,
     /// Temporary buffers for completing partly valid pages: a slab of their own, so
-    /// they cost no allocation (heap churn in blocks of 64 KiB grew fsd's RSS by tens
-    /// of MiB) and, registered like the pages, need no registration per load.
+    /// they cost no allocation per completion (no heap churn in blocks of 64 KiB) and,
+    /// registered like the pages, need no registration per load.
     temps: Slab,
     index: Mutex<Index>,
     pub counters: CacheCounters,
