@@ -7,12 +7,17 @@
 //! A page need not hold all of its block: it tracks which *sectors* of it are valid
 //! (sector = max(4 KiB, block size / 64), at most 64 per block, one bit each). A write
 //! that covers whole sectors of a block that is not cached does not read the block
-//! from remote memory: the page holds just those sectors, dirty. The rest is fetched
-//! when it is needed, into a temporary buffer whose bytes are copied only into the
-//! sectors the page does not hold: before a read of the page ([`Fill::Load`]), before
-//! a write whose ends fall inside a sector the page does not hold, and before the
-//! page is written back, since a write-back always writes whole blocks (a block may
-//! get new copies then, which need all of it).
+//! from remote memory: the page holds just those sectors, dirty. A random read
+//! ([`Fill::Read`]) loads only the sectors it reads. Missing sectors are fetched when
+//! they are needed, straight into the page's buffer, one remote read per run of
+//! consecutive missing sectors (never over a valid sector): before a read of them,
+//! before a write whose ends fall inside a sector the page does not hold, and before
+//! a write-back of the whole block.
+//!
+//! A page also tracks which sectors are dirty. A block that remote memory holds, with
+//! all its copies, is written back as its dirty sectors only (one remote write per
+//! run), with nothing read; any other block (new, or getting new copies, which need
+//! all of it) is completed and written back whole.
 //!
 //! Structure and invariants:
 //! - `Index::lru` maps keys to live pages, least recently used first. `Index::evicting`
@@ -23,10 +28,10 @@
 //!   fsync and truncate.
 //! - A page's bytes and flags are only touched under its own mutex. `valid` says which
 //!   sectors of the bytes are the block's content (the others are to be taken from
-//!   the backing, and a fill never overwrites a valid sector); `dirty` says the valid
-//!   sectors are newer than remote memory. A page is made fully valid, in one load
-//!   batch per write-back batch (several if their temporary buffers would exceed
-//!   `COMPLETE_TEMP_BYTES`), before its bytes are stored.
+//!   the backing, and a fill never overwrites a valid sector); `dirty` says which
+//!   valid sectors are newer than remote memory (never one that is not valid). A page
+//!   written back whole is made fully valid first, in one load batch per write-back
+//!   batch.
 //! - The pool may briefly overshoot `capacity` when every page is in use at once (many
 //!   threads each holding pages); it never blocks waiting for a buffer, so no thread
 //!   can deadlock on memory another waiting thread holds.
@@ -52,21 +57,21 @@ pub type PageKey = (u64, u64);
 /// Pages popped per eviction round: write-backs of several victims share one batch.
 const EVICT_BATCH: usize = 8;
 
-/// Temporary buffers one completion of partly valid pages may hold at once (64 blocks
-/// of the default 64 KiB, so every batch the cache makes loads at once at that size).
-const COMPLETE_TEMP_BYTES: usize = 4 << 20;
-
-/// Temporary buffers kept for completions, as a multiple of one completion's: the
-/// flusher and a few evicting writers at once take theirs without allocating.
-const TEMP_SLAB_COMPLETIONS: usize = 2;
-
 /// Where pages come from and go to: remote memory, via the filesystem's block maps.
 pub trait Backing: Send + Sync {
-    /// Fills each buffer with its block's current content (zeros for a hole).
-    fn load(&self, pages: &mut [(PageKey, &mut [u8])]) -> Vec<Result<(), FsError>>;
-    /// Writes each buffer to its block's remote location. A failure is recorded by
-    /// the backing, for fsync or close to report.
-    fn store(&self, pages: &[(PageKey, &[u8])]) -> Vec<Result<(), FsError>>;
+    /// Fills each buffer with bytes `offset..offset + buffer length` of its block's
+    /// current content (zeros for a hole). A block may appear several times, for
+    /// different ranges.
+    fn load(&self, reads: &mut [(PageKey, usize, &mut [u8])]) -> Vec<Result<(), FsError>>;
+    /// Writes each buffer to bytes `offset..offset + buffer length` of its block in
+    /// remote memory. A whole block (offset 0, a whole buffer) may get new copies; a
+    /// part of one (only ever asked for where [`Backing::stores_in_part`] said yes) is
+    /// written to the copies the block has. A failure is recorded by the backing, for
+    /// fsync or close to report.
+    fn store(&self, writes: &[(PageKey, usize, &[u8])]) -> Vec<Result<(), FsError>>;
+    /// Whether block `key` can be written back in part: remote memory holds its
+    /// content and it needs no new copy (which would need all of it).
+    fn stores_in_part(&self, key: PageKey) -> bool;
     /// A dirty page could not be written back for a reason of the cache's own (its
     /// block could not be loaded to complete it): record `e` as `store` records its
     /// failures.
@@ -78,6 +83,10 @@ pub trait Backing: Send + Sync {
 pub enum Fill {
     /// Read the block from the backing (into the sectors the page does not hold).
     Load,
+    /// The caller reads bytes `from..to` of the block and nothing else: only the
+    /// sectors those touch are loaded (a random read loads what it reads, in whole
+    /// sectors, not the block).
+    Read { from: usize, to: usize },
     /// The block has no content yet (a hole or beyond EOF): zeros (in the sectors
     /// the page does not hold).
     Zero,
@@ -98,16 +107,19 @@ pub struct CacheCounters {
     pub writebacks: AtomicU64,
     /// Writes into pages that did not hold their sectors and that needed no load.
     pub partial_writes: AtomicU64,
-    /// Partly valid pages completed from the backing (before a read, an unaligned
-    /// write or a write-back).
+    /// Loads of part of a block: the sectors a random read needs, or those a partly
+    /// valid page lacks (before a read, an unaligned write or a write-back).
     pub partial_fills: AtomicU64,
+    /// Write-backs of a page's dirty sectors only.
+    pub partial_stores: AtomicU64,
 }
 
 struct PageState {
     buf: PageBuf,
     /// Bit `i`: sector `i` of `buf` holds the block's content.
     valid: u64,
-    dirty: bool,
+    /// Bit `i`: sector `i` is newer than remote memory (always within `valid`).
+    dirty: u64,
     /// False once the page has left the cache (evicted or invalidated). A thread that
     /// got the page before that and locks it after must not use it: its changes would
     /// be lost with the page.
@@ -191,22 +203,17 @@ impl Sectors {
         (whole, touched)
     }
 
-    /// Copies the sectors not in `valid` from `src` into `dst`.
-    fn merge(&self, dst: &mut [u8], src: &[u8], valid: u64) {
-        let n = (self.full.count_ones()) as usize;
-        let mut i = 0;
-        while i < n {
-            if valid & (1 << i) != 0 {
-                i += 1;
-                continue;
+    /// The runs of consecutive sectors in `mask`, as byte ranges of the block.
+    fn runs(&self, mut mask: u64) -> impl Iterator<Item = Range<usize>> + '_ {
+        std::iter::from_fn(move || {
+            if mask == 0 {
+                return None;
             }
-            let start = i;
-            while i < n && valid & (1 << i) == 0 {
-                i += 1;
-            }
-            let r = start * self.len..i * self.len;
-            dst[r.clone()].copy_from_slice(&src[r]);
-        }
+            let start = mask.trailing_zeros() as usize;
+            let len = (!(mask >> start)).trailing_zeros() as usize;
+            mask &= !bits(start, start + len);
+            Some(start * self.len..(start + len) * self.len)
+        })
     }
 
     /// Zeros the sectors not in `valid`.
@@ -241,15 +248,8 @@ pub fn sector_size(block_size: usize) -> usize {
 
 pub struct PageCache {
     capacity: usize,
-    block_size: usize,
     sectors: Sectors,
-    /// [`COMPLETE_TEMP_BYTES`] (smaller in tests).
-    temp_budget: usize,
     slab: Slab,
-    /// Temporary buffers for completing partly valid pages: a slab of their own, so
-    /// they cost no allocation per completion (no heap churn in blocks of 64 KiB) and,
-    /// registered like the pages, need no registration per load.
-    temps: Slab,
     index: Mutex<Index>,
     pub counters: CacheCounters,
 }
@@ -267,14 +267,8 @@ impl PageCache {
         let capacity = ((capacity_bytes / block_size as u64) as usize).max(2);
         PageCache {
             capacity,
-            block_size,
             sectors: Sectors::new(block_size, sector),
-            temp_budget: COMPLETE_TEMP_BYTES,
             slab: Slab::new(capacity, block_size),
-            temps: Slab::new(
-                (COMPLETE_TEMP_BYTES / block_size).max(1) * TEMP_SLAB_COMPLETIONS,
-                block_size,
-            ),
             index: Mutex::new(Index {
                 lru: LruCache::unbounded(),
                 evicting: HashMap::new(),
@@ -292,8 +286,7 @@ impl PageCache {
 
     /// Registers the page buffers with the fabric once (see `buffers`).
     pub fn register_with_fabric(&self) -> Result<(), rmemfs_common::fabric::FabricError> {
-        self.slab.register_with_fabric()?;
-        self.temps.register_with_fabric()
+        self.slab.register_with_fabric()
     }
 
     /// Pages handled per locked group: small enough that a group never holds a large
@@ -338,7 +331,7 @@ impl PageCache {
                         state: Mutex::new(PageState {
                             buf,
                             valid: 0,
-                            dirty: false,
+                            dirty: 0,
                             live: true,
                         }),
                     });
@@ -424,144 +417,155 @@ impl PageCache {
 
     /// Writes the dirty ones among `pages` (all locked by the caller) back in one
     /// batch and marks them clean: those that succeeded, or all with
-    /// `clean_on_error`. Returns the first error.
+    /// `clean_on_error`. Returns the first error. A page whose block can be written in
+    /// part (see [`Backing::stores_in_part`]) writes its dirty sectors only; the others
+    /// are made whole first (one load batch) and written whole.
     fn write_back(
         &self,
         backing: &dyn Backing,
         pages: &mut [(PageKey, &mut PageState)],
         clean_on_error: bool,
     ) -> Result<(), FsError> {
-        let mut dirty: Vec<usize> = (0..pages.len()).filter(|&i| pages[i].1.dirty).collect();
+        let full = self.sectors.full;
+        let mut dirty: Vec<usize> = (0..pages.len())
+            .filter(|&i| pages[i].1.dirty != 0)
+            .collect();
         if dirty.is_empty() {
             return Ok(());
         }
-        // Whole blocks are stored: complete the partly valid pages first, in one batch.
+        let in_part: Vec<bool> = pages
+            .iter()
+            .map(|(k, s)| s.dirty != 0 && s.dirty != full && backing.stores_in_part(*k))
+            .collect();
         let mut first_err = Ok(());
+        // Whole blocks are stored for the others: complete the partly valid pages
+        // first, in one batch.
         let partial: Vec<usize> = dirty
             .iter()
             .copied()
-            .filter(|&i| pages[i].1.valid != self.sectors.full)
+            .filter(|&i| !in_part[i] && pages[i].1.valid != full)
             .collect();
         if !partial.is_empty() {
-            let mut sub: Vec<(PageKey, &mut PageState)> = Vec::with_capacity(partial.len());
+            let mut sub: Vec<(PageKey, &mut PageState, u64)> = Vec::with_capacity(partial.len());
             let mut wanted = partial.iter().peekable();
             for (i, (k, s)) in pages.iter_mut().enumerate() {
                 if wanted.peek() == Some(&&i) {
                     wanted.next();
-                    sub.push((*k, &mut **s));
+                    sub.push((*k, &mut **s, full));
                 }
             }
-            let results = self.complete(backing, &mut sub);
+            let results = self.fill_sectors(backing, &mut sub);
             drop(sub);
             for (&i, r) in partial.iter().zip(results) {
                 if let Err(e) = r {
                     // Its missing sectors are unknown: storing it would overwrite them.
                     backing.record_write_error(pages[i].0, &e);
                     if clean_on_error {
-                        pages[i].1.dirty = false;
+                        pages[i].1.dirty = 0;
                     }
                     if first_err.is_ok() {
                         first_err = Err(e);
                     }
                 }
             }
-            dirty.retain(|&i| pages[i].1.valid == self.sectors.full);
+            dirty.retain(|&i| in_part[i] || pages[i].1.valid == full);
             if dirty.is_empty() {
                 return first_err;
             }
         }
-        let batch: Vec<(PageKey, &[u8])> = dirty
-            .iter()
-            .map(|&i| (pages[i].0, &pages[i].1.buf[..]))
-            .collect();
+        // One write per run of dirty sectors, or one of the whole block.
+        let mut owner = Vec::new();
+        let mut batch: Vec<(PageKey, usize, &[u8])> = Vec::new();
+        for &i in &dirty {
+            let (key, s) = (pages[i].0, &*pages[i].1);
+            if in_part[i] {
+                self.counters.partial_stores.fetch_add(1, Ordering::Relaxed);
+                for run in self.sectors.runs(s.dirty) {
+                    batch.push((key, run.start, &s.buf[run]));
+                    owner.push(i);
+                }
+            } else {
+                batch.push((key, 0, &s.buf[..]));
+                owner.push(i);
+            }
+        }
         let results = backing.store(&batch);
         drop(batch);
         self.counters
             .writebacks
             .fetch_add(dirty.len() as u64, Ordering::Relaxed);
-        for (&i, r) in dirty.iter().zip(results) {
-            if r.is_ok() || clean_on_error {
-                pages[i].1.dirty = false;
+        let mut failed = vec![false; pages.len()];
+        for (&i, r) in owner.iter().zip(results) {
+            if let Err(e) = r {
+                failed[i] = true;
+                if first_err.is_ok() {
+                    first_err = Err(e);
+                }
             }
-            if let (Err(e), true) = (r, first_err.is_ok()) {
-                first_err = Err(e);
+        }
+        for &i in &dirty {
+            if !failed[i] || clean_on_error {
+                pages[i].1.dirty = 0;
             }
         }
         first_err
     }
 
-    /// Makes `pages` (locked by the caller) fully valid: loads their blocks in one
-    /// batch, straight into the buffers of pages that hold nothing, and through a
-    /// temporary buffer into the missing sectors of the others. One result per page;
-    /// a page whose load failed keeps its valid sectors and nothing else. The
-    /// temporary buffers stay within [`COMPLETE_TEMP_BYTES`] at once: a batch with
-    /// more partly valid pages than that holds is loaded in several.
-    fn complete(
+    /// Gives each of `pages` (locked by the caller) the sectors of its `wanted` mask it
+    /// lacks: one batch of loads, one per run of consecutive missing sectors, straight
+    /// into the page's buffer (valid sectors are never written). One result per page; a
+    /// page whose load failed gains nothing.
+    fn fill_sectors(
         &self,
         backing: &dyn Backing,
-        pages: &mut [(PageKey, &mut PageState)],
+        pages: &mut [(PageKey, &mut PageState, u64)],
     ) -> Vec<Result<(), FsError>> {
         let full = self.sectors.full;
-        let per_load = (self.temp_budget / self.block_size).max(1);
-        let mut out: Vec<Result<(), FsError>> = pages.iter().map(|_| Ok(())).collect();
-        let mut next = 0;
-        while next < pages.len() {
-            // This round: pages from `next` on, up to `per_load` partly valid ones.
-            let mut temps: Vec<Option<PageBuf>> = Vec::new();
-            let mut partials = 0;
-            let mut end = next;
-            while end < pages.len() {
-                let valid = pages[end].1.valid;
-                let partial = valid != 0 && valid != full;
-                if partial {
-                    if partials == per_load {
-                        break;
-                    }
-                    partials += 1;
-                }
-                // A slot of the temporary slab (a heap buffer when all are in use);
-                // its old bytes do not matter, the load overwrites them all.
-                temps.push(partial.then(|| self.temps.take()));
-                end += 1;
+        let missing: Vec<u64> = pages.iter().map(|(_, s, w)| *w & !s.valid).collect();
+        let mut out: Vec<Result<(), FsError>> = missing.iter().map(|_| Ok(())).collect();
+        // The page each load is for.
+        let mut owner = Vec::new();
+        let mut batch: Vec<(PageKey, usize, &mut [u8])> = Vec::new();
+        for (n, ((key, s, _), &lacks)) in pages.iter_mut().zip(&missing).enumerate() {
+            if lacks != full && lacks != 0 {
+                self.counters.partial_fills.fetch_add(1, Ordering::Relaxed);
             }
-            let round = &mut pages[next..end];
-            let mut which = Vec::new();
-            let mut batch: Vec<(PageKey, &mut [u8])> = Vec::new();
-            for (n, ((key, s), temp)) in round.iter_mut().zip(temps.iter_mut()).enumerate() {
-                if s.valid == full {
-                    continue;
-                }
-                which.push(n);
-                match temp {
-                    Some(t) => batch.push((*key, &mut t[..])),
-                    None => batch.push((*key, &mut s.buf[..])),
-                }
+            // Split the buffer into the runs to load, front to back.
+            let mut rest: &mut [u8] = &mut s.buf[..];
+            let mut at = 0;
+            for run in self.sectors.runs(lacks) {
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(run.start - at);
+                let (part, after) = tail.split_at_mut(run.len());
+                batch.push((*key, run.start, part));
+                owner.push(n);
+                rest = after;
+                at = run.end;
             }
-            if !batch.is_empty() {
-                let results = backing.load(&mut batch);
-                drop(batch);
-                for (&n, r) in which.iter().zip(results) {
-                    let s = &mut *round[n].1;
-                    match r {
-                        Ok(()) => {
-                            if let Some(t) = &temps[n] {
-                                self.sectors.merge(&mut s.buf, t, s.valid);
-                                self.counters.partial_fills.fetch_add(1, Ordering::Relaxed);
-                            }
-                            s.valid = full;
-                        }
-                        Err(e) => out[next + n] = Err(e),
-                    }
-                }
+        }
+        if batch.is_empty() {
+            return out;
+        }
+        let results = backing.load(&mut batch);
+        drop(batch);
+        for (&n, r) in owner.iter().zip(results) {
+            if let (Err(e), true) = (r, out[n].is_ok()) {
+                out[n] = Err(e);
             }
-            next = end;
+        }
+        // A failed load may have left bytes in the sectors it was filling; they stay
+        // invalid, so nothing reads them.
+        for ((_, s, _), (&lacks, r)) in pages.iter_mut().zip(missing.iter().zip(&out)) {
+            if r.is_ok() {
+                s.valid |= lacks;
+            }
         }
         out
     }
 
     /// Runs `f(block index, bytes, dirty)` on the pages of `ino` for every index in
     /// `idxs`, in order, each locked and made fully valid, or prepared as `fill` says
-    /// for the bytes `f` overwrites. Blocks to load are loaded in one batch per group.
+    /// for the bytes `f` reads or overwrites. Blocks to load are loaded in one batch
+    /// per group.
     pub fn access<F>(
         &self,
         backing: &dyn Backing,
@@ -592,14 +596,24 @@ impl PageCache {
             let full = self.sectors.full;
             // Sectors each page gains from the callback: those it overwrites whole.
             let mut gains = vec![0u64; guards.len()];
-            let mut to_load = Vec::new();
+            // Sectors the callback may change: those that become dirty if it says so.
+            let mut touches = vec![full; guards.len()];
+            // Pages to load from the backing, with the sectors each needs.
+            let mut to_load: Vec<(usize, u64)> = Vec::new();
             for (n, g) in guards.iter_mut().enumerate() {
                 if g.valid == full {
                     continue;
                 }
                 let i = start + n as u64;
                 match fill(i) {
-                    Fill::Load => to_load.push(n),
+                    Fill::Load => to_load.push((n, full)),
+                    Fill::Read { from, to } => {
+                        let (_, touched) = self.sectors.of(from, to);
+                        touches[n] = touched;
+                        if touched & !g.valid != 0 {
+                            to_load.push((n, touched));
+                        }
+                    }
                     Fill::Zero => {
                         let valid = g.valid;
                         self.sectors.zero(&mut g.buf, valid);
@@ -608,28 +622,30 @@ impl PageCache {
                     Fill::Overwrite => gains[n] = full,
                     Fill::Write { from, to } => {
                         let (whole, touched) = self.sectors.of(from, to);
-                        // Bytes of a sector the page lacks would be left unknown.
-                        if touched & !whole & !g.valid != 0 {
-                            to_load.push(n);
-                        } else {
-                            gains[n] = whole;
-                            if whole & !g.valid != 0 {
-                                self.counters.partial_writes.fetch_add(1, Ordering::Relaxed);
-                            }
+                        gains[n] = whole;
+                        touches[n] = touched;
+                        // A sector it writes in part needs the block's other bytes
+                        // first; those it writes whole need nothing.
+                        let ends = touched & !whole & !g.valid;
+                        if ends != 0 {
+                            to_load.push((n, ends));
+                        } else if whole & !g.valid != 0 {
+                            self.counters.partial_writes.fetch_add(1, Ordering::Relaxed);
                         }
                     }
                 }
             }
             if !to_load.is_empty() {
-                let mut batch: Vec<(PageKey, &mut PageState)> = Vec::with_capacity(to_load.len());
+                let mut batch: Vec<(PageKey, &mut PageState, u64)> =
+                    Vec::with_capacity(to_load.len());
                 let mut wanted = to_load.iter().peekable();
                 for (n, g) in guards.iter_mut().enumerate() {
-                    if wanted.peek() == Some(&&n) {
+                    if let Some(&&(_, mask)) = wanted.peek().filter(|(w, _)| *w == n) {
                         wanted.next();
-                        batch.push(((ino, start + n as u64), &mut **g));
+                        batch.push(((ino, start + n as u64), &mut **g, mask));
                     }
                 }
-                let results = self.complete(backing, &mut batch);
+                let results = self.fill_sectors(backing, &mut batch);
                 drop(batch);
                 for r in results {
                     r?;
@@ -637,9 +653,11 @@ impl PageCache {
             }
             for (n, g) in guards.iter_mut().enumerate() {
                 let g = &mut **g;
-                let result = f(start + n as u64, &mut g.buf, &mut g.dirty);
+                let mut dirty = g.dirty != 0;
+                let result = f(start + n as u64, &mut g.buf, &mut dirty);
                 // What the callback wrote in full (Overwrite, Write) is now content.
                 g.valid |= gains[n];
+                g.dirty = if dirty { g.dirty | touches[n] } else { 0 };
                 result?;
             }
             start = end;
@@ -711,7 +729,7 @@ impl PageCache {
         };
         for p in pages {
             let mut g = lock(&p.state);
-            g.dirty = false;
+            g.dirty = 0;
             g.valid = 0;
             g.live = false;
         }
@@ -727,7 +745,7 @@ impl PageCache {
                 .chain(idx.evicting.values().cloned())
                 .collect()
         };
-        pages.iter().filter(|p| lock(&p.state).dirty).count()
+        pages.iter().filter(|p| lock(&p.state).dirty != 0).count()
     }
 
     /// Pages currently cached.

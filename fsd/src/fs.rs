@@ -380,31 +380,41 @@ impl RmemFs {
         } else {
             last + 1
         };
+        // The bytes of block `i` this read returns.
+        let wanted = |i: u64| {
+            let block_start = i * bs;
+            let from = offset.max(block_start) - block_start;
+            let to = end.min(block_start + bs) - block_start;
+            from as usize..to as usize
+        };
         let mut out = Vec::with_capacity((end - offset) as usize);
         self.cache.access(
             self,
             ino,
             first..load_end,
-            |i| self.fill_for_read(&inode, i),
+            |i| {
+                if !inode.meta().blocks.contains_key(&i) {
+                    Fill::Zero
+                } else if sequential {
+                    // A stream: whole blocks, and the next ones read ahead.
+                    Fill::Load
+                } else {
+                    // A random read loads what it reads, not the whole block.
+                    let r = wanted(i);
+                    Fill::Read {
+                        from: r.start,
+                        to: r.end,
+                    }
+                }
+            },
             |i, buf, _| {
                 if i <= last {
-                    let block_start = i * bs;
-                    let from = offset.max(block_start) - block_start;
-                    let to = end.min(block_start + bs) - block_start;
-                    out.extend_from_slice(&buf[from as usize..to as usize]);
+                    out.extend_from_slice(&buf[wanted(i)]);
                 }
                 Ok(())
             },
         )?;
         Ok(out)
-    }
-
-    fn fill_for_read(&self, inode: &Inode, idx: u64) -> Fill {
-        if inode.meta().blocks.contains_key(&idx) {
-            Fill::Load
-        } else {
-            Fill::Zero
-        }
     }
 
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> FsResult<u32> {

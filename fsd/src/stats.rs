@@ -26,6 +26,7 @@ pub struct Snapshot {
     pub cache_writebacks: u64,
     pub cache_partial_writes: u64,
     pub cache_partial_fills: u64,
+    pub cache_partial_stores: u64,
     pub cache_pages: u64,
     pub cache_capacity_pages: u64,
     pub block_size: u64,
@@ -56,6 +57,7 @@ impl Snapshot {
             cache_writebacks: get(&c.writebacks),
             cache_partial_writes: get(&c.partial_writes),
             cache_partial_fills: get(&c.partial_fills),
+            cache_partial_stores: get(&c.partial_stores),
             cache_pages: fs.cache().cached_pages() as u64,
             cache_capacity_pages: fs.cache().capacity_pages() as u64,
             block_size: fs.remote().block_size(),
@@ -89,6 +91,7 @@ impl Snapshot {
             ("cache_writebacks", self.cache_writebacks),
             ("cache_partial_writes", self.cache_partial_writes),
             ("cache_partial_fills", self.cache_partial_fills),
+            ("cache_partial_stores", self.cache_partial_stores),
             ("cache_pages", self.cache_pages),
             ("cache_capacity_pages", self.cache_capacity_pages),
             ("block_size", self.block_size),
@@ -169,7 +172,7 @@ mod tests {
         assert!(json.contains("\"remote_read_bytes\": 196608,"), "{json}");
         assert!(json.contains("\"chunk_allocs\": 1,"), "{json}");
         assert!(json.contains("\"block_size\": 65536,"), "{json}");
-        assert_eq!(json.matches(':').count(), 16 + 7 + 2 * 2);
+        assert_eq!(json.matches(':').count(), 17 + 7 + 2 * 2);
     }
 
     #[test]

@@ -40,6 +40,16 @@ pub struct RemoteAddr {
     pub rkey: u32,
 }
 
+impl RemoteAddr {
+    /// The address `bytes` further on, in the same region.
+    pub fn offset(self, bytes: usize) -> RemoteAddr {
+        RemoteAddr {
+            addr: self.addr + bytes as u64,
+            rkey: self.rkey,
+        }
+    }
+}
+
 /// One one-sided operation. `Read` fills `local` from remote memory; `Write` copies
 /// `local` to remote memory. The length is the local buffer's length.
 #[derive(Debug)]

@@ -5,9 +5,7 @@
 //! registration: [`Slab::register_with_fabric`] hands it to the fabric once, and the
 //! verbs backend then READs into and WRITEs from cache pages in place. When the cache
 //! overshoots its capacity (see the cache's module comment) the extra buffers come
-//! from the heap; the fabric still handles them, registering them per operation. The
-//! cache keeps a second, small slab for the temporary buffers that complete partly
-//! valid pages (registered the same way).
+//! from the heap; the fabric still handles them, registering them per operation.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};

@@ -9,8 +9,15 @@ const BS: usize = 16;
 #[derive(Default)]
 struct MemBacking {
     blocks: Mutex<HashMap<PageKey, Vec<u8>>>,
+    /// Ranges loaded (one per run of sectors) and blocks stored.
     loads: AtomicUsize,
     stores: AtomicUsize,
+    /// Every range loaded: block, first byte, length.
+    loaded: Mutex<Vec<(PageKey, usize, usize)>>,
+    /// Every range stored: block, first byte, length.
+    stored: Mutex<Vec<(PageKey, usize, usize)>>,
+    /// Whether blocks it holds may be stored in part.
+    parts: std::sync::atomic::AtomicBool,
     /// Calls of `load` and of `store` (batches).
     load_calls: AtomicUsize,
     store_calls: AtomicUsize,
@@ -21,20 +28,21 @@ struct MemBacking {
 }
 
 impl Backing for MemBacking {
-    fn load(&self, pages: &mut [(PageKey, &mut [u8])]) -> Vec<Result<(), FsError>> {
+    fn load(&self, reads: &mut [(PageKey, usize, &mut [u8])]) -> Vec<Result<(), FsError>> {
         self.load_calls.fetch_add(1, Ordering::SeqCst);
         let blocks = lock(&self.blocks);
         let failing = lock(&self.failing);
-        pages
+        reads
             .iter_mut()
-            .map(|(k, buf)| {
+            .map(|(k, off, buf)| {
                 self.loads.fetch_add(1, Ordering::SeqCst);
+                lock(&self.loaded).push((*k, *off, buf.len()));
                 if failing.contains(k) {
                     buf.fill(0xee); // what a failed read may leave behind
                     return Err(FsError::Io("injected".into()));
                 }
                 match blocks.get(k) {
-                    Some(b) => buf.copy_from_slice(b),
+                    Some(b) => buf.copy_from_slice(&b[*off..*off + buf.len()]),
                     None => buf.fill(0),
                 }
                 Ok(())
@@ -42,17 +50,29 @@ impl Backing for MemBacking {
             .collect()
     }
 
-    fn store(&self, pages: &[(PageKey, &[u8])]) -> Vec<Result<(), FsError>> {
+    fn store(&self, writes: &[(PageKey, usize, &[u8])]) -> Vec<Result<(), FsError>> {
         self.store_calls.fetch_add(1, Ordering::SeqCst);
         let mut blocks = lock(&self.blocks);
-        pages
+        writes
             .iter()
-            .map(|(k, buf)| {
+            .map(|(k, off, buf)| {
                 self.stores.fetch_add(1, Ordering::SeqCst);
-                blocks.insert(*k, buf.to_vec());
+                lock(&self.stored).push((*k, *off, buf.len()));
+                if buf.len() == BS {
+                    blocks.insert(*k, buf.to_vec());
+                } else {
+                    let block = blocks
+                        .get_mut(k)
+                        .expect("a part of a block it does not hold");
+                    block[*off..*off + buf.len()].copy_from_slice(buf);
+                }
                 Ok(())
             })
             .collect()
+    }
+
+    fn stores_in_part(&self, key: PageKey) -> bool {
+        self.parts.load(Ordering::SeqCst) && lock(&self.blocks).contains_key(&key)
     }
 
     fn record_write_error(&self, key: PageKey, _e: &FsError) {
@@ -322,15 +342,17 @@ fn an_aligned_write_to_an_uncached_block_loads_nothing_and_a_read_merges() {
     write_at(&c, &b, (1, 0), 4, &[9; 8]);
     assert_eq!(b.loads.load(Ordering::SeqCst), 0, "no load at write time");
     assert_eq!(c.counters.partial_writes.load(Ordering::SeqCst), 1);
-    // A read of the partly valid, dirty page: the new sectors over the old block.
+    // A read of the partly valid, dirty page: the new sectors over the old block,
+    // loading only the sectors the page lacks (two runs, in one batch).
     let want = block_of(&[5, 5, 5, 5, 9, 9, 9, 9, 9, 9, 9, 9, 5, 5, 5, 5]);
     assert_eq!(read_block(&c, &b, (1, 0)), want);
-    assert_eq!(b.loads.load(Ordering::SeqCst), 1);
+    assert_eq!(*lock(&b.loaded), vec![((1, 0), 0, 4), ((1, 0), 12, 4)]);
+    assert_eq!(b.load_calls.load(Ordering::SeqCst), 1);
     assert_eq!(c.counters.partial_fills.load(Ordering::SeqCst), 1);
     // Now fully valid: no second load, and a write-back stores the merged block.
     assert_eq!(read_block(&c, &b, (1, 0)), want);
     c.flush_all(&b).unwrap();
-    assert_eq!(b.loads.load(Ordering::SeqCst), 1);
+    assert_eq!(b.loads.load(Ordering::SeqCst), 2);
     assert_eq!(lock(&b.blocks)[&(1, 0)], want);
 }
 
@@ -348,7 +370,11 @@ fn write_back_completes_partial_pages_in_one_load_batch_then_one_store() {
     assert_eq!(b.loads.load(Ordering::SeqCst), 0);
     c.flush_inode(&b, 1).unwrap();
     assert_eq!(b.load_calls.load(Ordering::SeqCst), 1, "one load batch");
-    assert_eq!(b.loads.load(Ordering::SeqCst), 4, "the four partial pages");
+    assert_eq!(
+        b.loads.load(Ordering::SeqCst),
+        8,
+        "the four partial pages, each the runs around its valid sector"
+    );
     assert_eq!(b.store_calls.load(Ordering::SeqCst), 1, "one store batch");
     assert_eq!(b.stores.load(Ordering::SeqCst), 5);
     let blocks = lock(&b.blocks);
@@ -395,16 +421,28 @@ fn unaligned_writes_load_only_when_an_end_falls_in_a_missing_sector() {
     // Inside sector 0, which the page holds: no load.
     write_at(&c, &b, (1, 0), 1, &[3; 2]);
     assert_eq!(b.loads.load(Ordering::SeqCst), 0);
-    // Ends in sector 1, which the page lacks: load, keeping sector 0's new bytes.
+    // Ends in sector 1, which the page lacks: that sector is loaded, keeping sector
+    // 0's new bytes.
     write_at(&c, &b, (1, 0), 2, &[4; 4]);
-    assert_eq!(b.loads.load(Ordering::SeqCst), 1);
+    assert_eq!(*lock(&b.loaded), vec![((1, 0), 4, 4)]);
+    // A whole read then loads the two sectors still missing, as one run.
     let want = block_of(&[2, 3, 4, 4, 4, 4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
     assert_eq!(read_block(&c, &b, (1, 0)), want);
-    assert_eq!(b.loads.load(Ordering::SeqCst), 1);
-    // An unaligned write to another uncached block loads it first.
+    assert_eq!(lock(&b.loaded)[1..].to_vec(), vec![((1, 0), 8, 8)]);
+    // An unaligned write to another uncached block loads the sectors it writes in
+    // part first (1 and 2, bytes 5..11), not the block.
     lock(&b.blocks).insert((1, 1), vec![6; BS]);
     write_at(&c, &b, (1, 1), 5, &[7; 6]);
-    assert_eq!(b.loads.load(Ordering::SeqCst), 2);
+    assert_eq!(lock(&b.loaded).last(), Some(&((1, 1), 4, 8)));
+    // Its ends only: a write from byte 2 to 14 loads sectors 0 and 3.
+    lock(&b.blocks).insert((1, 2), vec![8; BS]);
+    write_at(&c, &b, (1, 2), 2, &[9; 12]);
+    assert_eq!(
+        lock(&b.loaded)[3..].to_vec(),
+        vec![((1, 2), 0, 4), ((1, 2), 12, 4)]
+    );
+    let want = block_of(&[8, 8, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 8, 8]);
+    assert_eq!(read_block(&c, &b, (1, 2)), want);
     let want = block_of(&[6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 6, 6, 6, 6, 6]);
     assert_eq!(read_block(&c, &b, (1, 1)), want);
 }
@@ -488,6 +526,8 @@ enum PartOp {
     /// Block, start, length (clamped to the block), byte.
     Write(u64, usize, usize, u8),
     Read(u64),
+    /// Block, start, length (clamped to the block): a random read.
+    ReadRange(u64, usize, usize),
     Flush,
     Truncate(u64),
 }
@@ -499,6 +539,7 @@ fn part_op() -> impl Strategy<Value = PartOp> {
         2 => (0..8u64, 0..BS / SECTOR, 1..=BS / SECTOR, any::<u8>())
             .prop_map(|(k, f, l, v)| PartOp::Write(k, f * SECTOR, l * SECTOR, v)),
         2 => (0..8u64).prop_map(PartOp::Read),
+        2 => (0..8u64, 0..BS, 1..=BS).prop_map(|(k, f, l)| PartOp::ReadRange(k, f, l)),
         1 => Just(PartOp::Flush),
         1 => (0..8u64).prop_map(PartOp::Truncate),
     ]
@@ -508,8 +549,13 @@ proptest! {
     /// With sectors, partial writes of any alignment, evictions, flushes and
     /// truncation, the cache still behaves like a plain map from block to bytes.
     #[test]
-    fn partial_writes_match_a_simple_model(ops in proptest::collection::vec(part_op(), 1..200), cap in 2usize..5) {
+    fn partial_writes_match_a_simple_model(
+        ops in proptest::collection::vec(part_op(), 1..200),
+        cap in 2usize..5,
+        parts in any::<bool>(),
+    ) {
         let b = MemBacking::default();
+        b.parts.store(parts, Ordering::SeqCst);
         let c = sectored(cap);
         let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
         for op in ops {
@@ -522,6 +568,11 @@ proptest! {
                 PartOp::Read(k) => {
                     let want = model.get(&k).cloned().unwrap_or_else(|| vec![0; BS]);
                     prop_assert_eq!(read_block(&c, &b, (1, k)), want);
+                }
+                PartOp::ReadRange(k, from, len) => {
+                    let to = (from + len).min(BS);
+                    let want = model.get(&k).cloned().unwrap_or_else(|| vec![0; BS]);
+                    prop_assert_eq!(read_at(&c, &b, (1, k), from, to), want[from..to].to_vec());
                 }
                 PartOp::Flush => c.flush_all(&b).unwrap(),
                 PartOp::Truncate(from) => {
@@ -571,51 +622,118 @@ fn concurrent_partial_writers_to_the_same_blocks_lose_nothing() {
     }
 }
 
-#[test]
-fn completion_holds_a_bounded_number_of_temporary_buffers_at_once() {
-    let b = MemBacking::default();
-    let mut c = sectored(16);
-    c.temp_budget = 2 * BS; // two partly valid pages per load
-    for i in 0..8u64 {
-        lock(&b.blocks).insert((1, i), vec![i as u8 + 1; BS]);
-    }
-    for i in 0..5u64 {
-        write_at(&c, &b, (1, i), 4, &[0xc0; 4]);
-    }
-    c.flush_inode(&b, 1).unwrap();
-    assert_eq!(b.load_calls.load(Ordering::SeqCst), 3, "2 + 2 + 1");
-    assert_eq!(b.loads.load(Ordering::SeqCst), 5);
-    assert_eq!(b.store_calls.load(Ordering::SeqCst), 1, "one store batch");
-    // A read over uncached and partly valid pages: the uncached ones (no temporary
-    // buffer) ride along in the rounds.
-    for i in [5u64, 7] {
-        write_at(&c, &b, (1, i), 8, &[0xd0; 4]);
-    }
-    b.load_calls.store(0, Ordering::SeqCst);
-    let mut got = Vec::new();
+/// Reads bytes `from..to` of block `key` as a random read does.
+fn read_at(c: &PageCache, b: &dyn Backing, key: PageKey, from: usize, to: usize) -> Vec<u8> {
+    let mut out = Vec::new();
     c.access(
-        &b,
-        1,
-        0..8,
-        |_| Fill::Load,
+        b,
+        key.0,
+        key.1..key.1 + 1,
+        |_| Fill::Read { from, to },
         |_, buf, _| {
-            got.push(buf.to_vec());
+            out = buf[from..to].to_vec();
             Ok(())
         },
     )
-    .unwrap();
+    .expect("read");
+    out
+}
+
+#[test]
+fn a_random_read_loads_only_the_sectors_it_reads() {
+    let b = MemBacking::default();
+    let c = sectored(4);
+    let block: Vec<u8> = (0..BS as u8).collect();
+    lock(&b.blocks).insert((1, 0), block.clone());
+    // Bytes 5..7 are in sector 1: that sector is loaded, nothing else.
+    assert_eq!(read_at(&c, &b, (1, 0), 5, 7), block[5..7]);
+    assert_eq!(*lock(&b.loaded), vec![((1, 0), 4, 4)]);
+    // Sector 1 again: a hit.
+    assert_eq!(read_at(&c, &b, (1, 0), 4, 8), block[4..8]);
+    assert_eq!(b.loads.load(Ordering::SeqCst), 1);
+    // Bytes 2..14: sectors 0, 2 and 3 are missing, loaded as two runs.
+    assert_eq!(read_at(&c, &b, (1, 0), 2, 14), block[2..14]);
     assert_eq!(
-        b.load_calls.load(Ordering::SeqCst),
-        1,
-        "pages 5 and 6 and 7"
+        lock(&b.loaded)[1..].to_vec(),
+        vec![((1, 0), 0, 4), ((1, 0), 8, 8)]
     );
-    for (i, block) in got.iter().enumerate() {
-        let mut want = vec![i as u8 + 1; BS];
-        if i < 5 {
-            want[4..8].fill(0xc0);
-        } else if i != 6 {
-            want[8..12].fill(0xd0);
-        }
-        assert_eq!(block, &want, "block {i}");
-    }
+    // Now whole: a full read loads nothing more.
+    assert_eq!(read_block(&c, &b, (1, 0)), block);
+    assert_eq!(b.loads.load(Ordering::SeqCst), 3);
+    // A partly read page that is written in part and written back stores the whole
+    // block, its unread sectors loaded from the backing.
+    assert_eq!(read_at(&c, &b, (1, 1), 0, 4), vec![0; 4]);
+    lock(&b.blocks).insert((1, 1), vec![1; BS]);
+    write_at(&c, &b, (1, 1), 8, &[2; 4]);
+    c.flush_all(&b).unwrap();
+    assert_eq!(
+        lock(&b.blocks)[&(1, 1)],
+        // Sector 0 was read as a hole before the block got content: the page holds
+        // those zeros, which are what the write-back stores for it.
+        block_of(&[0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 1, 1])
+    );
+}
+
+#[test]
+fn a_failed_random_read_leaves_its_sectors_invalid() {
+    let b = MemBacking::default();
+    let c = sectored(4);
+    lock(&b.blocks).insert((1, 0), vec![3; BS]);
+    lock(&b.failing).push((1, 0));
+    assert!(c
+        .access(
+            &b,
+            1,
+            0..1,
+            |_| Fill::Read { from: 4, to: 8 },
+            |_, _, _| Ok(())
+        )
+        .is_err());
+    lock(&b.failing).clear();
+    // What the failed load left in sector 1 is not taken as content.
+    assert_eq!(read_at(&c, &b, (1, 0), 4, 8), vec![3; 4]);
+    assert_eq!(read_block(&c, &b, (1, 0)), vec![3; BS]);
+}
+
+#[test]
+fn a_block_the_backing_holds_is_written_back_as_its_dirty_sectors_only() {
+    let b = MemBacking::default();
+    b.parts.store(true, Ordering::SeqCst);
+    let c = sectored(4);
+    lock(&b.blocks).insert((1, 0), vec![1; BS]);
+    // Sectors 0 and 2 and 3 written, sector 1 never loaded.
+    write_at(&c, &b, (1, 0), 0, &[2; 4]);
+    write_at(&c, &b, (1, 0), 8, &[3; 8]);
+    c.flush_all(&b).unwrap();
+    assert_eq!(
+        b.loads.load(Ordering::SeqCst),
+        0,
+        "nothing loaded to complete it"
+    );
+    assert_eq!(
+        *lock(&b.stored),
+        vec![((1, 0), 0, 4), ((1, 0), 8, 8)],
+        "one write per run of dirty sectors"
+    );
+    assert_eq!(c.counters.partial_stores.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        lock(&b.blocks)[&(1, 0)],
+        block_of(&[2, 2, 2, 2, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3])
+    );
+    // Clean now; a later write of one byte dirties its sector only.
+    write_at(&c, &b, (1, 0), 13, &[4]);
+    c.flush_all(&b).unwrap();
+    assert_eq!(lock(&b.stored)[2..].to_vec(), vec![((1, 0), 12, 4)]);
+    assert_eq!(
+        lock(&b.blocks)[&(1, 0)],
+        block_of(&[2, 2, 2, 2, 1, 1, 1, 1, 3, 3, 3, 3, 3, 4, 3, 3])
+    );
+    // A block the backing cannot take in part is completed and stored whole.
+    write_at(&c, &b, (1, 1), 4, &[5; 4]);
+    c.flush_all(&b).unwrap();
+    assert_eq!(lock(&b.stored)[3..].to_vec(), vec![((1, 1), 0, BS)]);
+    assert_eq!(
+        lock(&b.blocks)[&(1, 1)],
+        block_of(&[0, 0, 0, 0, 5, 5, 5, 5, 0, 0, 0, 0, 0, 0, 0, 0])
+    );
 }

@@ -1,13 +1,15 @@
 //! The page cache's backing: loading blocks from remote memory and writing them back
 //! to every copy.
 //!
-//! Write-back is also where a block regains copies lost with a memnode: a page is
-//! written back whole (the cache completes a partly valid page from the block's
-//! current copies first), so before writing it fsd drops the copies that no
-//! longer exist and allocates new ones up to `--replicas` on other memnodes (as many
-//! as are up and have room). A copy whose write fails is dropped and the write-back
-//! tries again with a replacement, so a write-back only counts as done once every
-//! copy the block has was written.
+//! Write-back is also where a block regains copies lost with a memnode: a block that
+//! is short of copies is written back whole (the cache completes a partly valid page
+//! from the block's current copies first), so before writing it fsd drops the copies
+//! that no longer exist and allocates new ones up to `--replicas` on other memnodes
+//! (as many as are up and have room). A block with all its copies, whose content is in
+//! remote memory, may be written back in part (the page's dirty sectors), to the
+//! copies it has. A copy whose write fails is dropped and the write-back tries again
+//! (with a replacement, for a whole block), so a write-back only counts as done once
+//! every copy the block has was written.
 
 use super::RmemFs;
 use crate::cache::{Backing, PageKey};
@@ -23,13 +25,25 @@ struct Target {
 }
 
 impl RmemFs {
-    /// The copies block `key` is to be written to: those that still exist, plus new
-    /// ones up to the copies the cluster can hold now. `None`: the block no longer
-    /// exists (truncated or deleted since the page was dirtied).
-    fn writeback_target(&self, key: PageKey) -> Option<Result<Target, FsError>> {
+    /// The copies block `key` is to be written to: those that still exist, plus, for
+    /// a `whole` block, new ones up to the copies the cluster can hold now. `None`: the
+    /// block no longer exists (truncated or deleted since the page was dirtied).
+    fn writeback_target(&self, key: PageKey, whole: bool) -> Option<Result<Target, FsError>> {
         let inode = self.ns.get(key.0).ok()?;
         let mut m = inode.meta();
         let entry = m.blocks.get_mut(&key.1)?;
+        if !whole {
+            // Part of a block goes to the copies it has: a new copy would need the rest.
+            entry.loc.retain(|r| self.remote.holds(r));
+            if !entry.written || entry.loc.is_empty() {
+                // (The cache asks for parts only of written blocks: see stores_in_part.)
+                return Some(Err(FsError::from(RemoteError::Lost)));
+            }
+            return Some(Ok(Target {
+                loc: entry.loc.clone(),
+                restored: 0,
+            }));
+        }
         let live = self.remote.live_copies(&entry.loc);
         let want = self.remote.copies_possible();
         let mut restored = 0;
@@ -94,37 +108,41 @@ impl RmemFs {
 }
 
 impl Backing for RmemFs {
-    fn load(&self, pages: &mut [(PageKey, &mut [u8])]) -> Vec<Result<(), FsError>> {
+    fn load(&self, reads: &mut [(PageKey, usize, &mut [u8])]) -> Vec<Result<(), FsError>> {
         // Holes, and blocks whose content never reached remote memory, read as zeros.
-        let locs: Vec<Option<BlockLoc>> = pages
+        let locs: Vec<Option<BlockLoc>> = reads
             .iter()
-            .map(|((ino, idx), _)| {
+            .map(|((ino, idx), _, _)| {
                 let inode = self.ns.get(*ino).ok()?;
                 let entry = inode.meta().blocks.get(idx).cloned()?;
                 entry.written.then_some(entry.loc)
             })
             .collect();
-        let mut results: Vec<Result<(), FsError>> = pages.iter().map(|_| Ok(())).collect();
-        let mut reads = Vec::new();
+        let mut results: Vec<Result<(), FsError>> = reads.iter().map(|_| Ok(())).collect();
+        let mut remote_reads = Vec::new();
         let mut which = Vec::new();
-        for (n, ((_, buf), loc)) in pages.iter_mut().zip(&locs).enumerate() {
+        for (n, ((_, offset, buf), loc)) in reads.iter_mut().zip(&locs).enumerate() {
             match loc {
                 Some(l) => {
-                    reads.push((l, &mut buf[..]));
+                    remote_reads.push((l, *offset, &mut buf[..]));
                     which.push(n);
                 }
                 None => buf.fill(0),
             }
         }
-        for (n, r) in which.into_iter().zip(self.remote.read_blocks(&mut reads)) {
+        for (n, r) in which
+            .into_iter()
+            .zip(self.remote.read_blocks(&mut remote_reads))
+        {
             results[n] = r.map_err(FsError::from);
         }
         results
     }
 
-    fn store(&self, pages: &[(PageKey, &[u8])]) -> Vec<Result<(), FsError>> {
-        let mut results: Vec<Result<(), FsError>> = pages.iter().map(|_| Ok(())).collect();
-        let mut pending: Vec<usize> = (0..pages.len()).collect();
+    fn store(&self, writes: &[(PageKey, usize, &[u8])]) -> Vec<Result<(), FsError>> {
+        let whole = |n: usize| writes[n].1 == 0 && writes[n].2.len() as u64 == self.block_size;
+        let mut results: Vec<Result<(), FsError>> = writes.iter().map(|_| Ok(())).collect();
+        let mut pending: Vec<usize> = (0..writes.len()).collect();
         // Each round that fails drops at least one copy; a failed copy's memnode is
         // then down or refused the access, so rounds are bounded by the copies the
         // cluster can give.
@@ -132,18 +150,20 @@ impl Backing for RmemFs {
         for _ in 0..rounds {
             let mut targets = Vec::new();
             for &n in &pending {
-                match self.writeback_target(pages[n].0) {
+                match self.writeback_target(writes[n].0, whole(n)) {
                     None => {}
                     Some(Ok(t)) => targets.push((n, t)),
                     Some(Err(e)) => results[n] = Err(e),
                 }
             }
-            let writes: Vec<(&BlockLoc, &[u8])> =
-                targets.iter().map(|(n, t)| (&t.loc, pages[*n].1)).collect();
-            let outcomes = self.remote.write_copies(&writes);
+            let copies: Vec<(&BlockLoc, usize, &[u8])> = targets
+                .iter()
+                .map(|(n, t)| (&t.loc, writes[*n].1, writes[*n].2))
+                .collect();
+            let outcomes = self.remote.write_copies(&copies);
             pending.clear();
             for ((n, target), outcome) in targets.iter().zip(outcomes) {
-                let key = pages[*n].0;
+                let key = writes[*n].0;
                 if self.writeback_done(key, &target.loc, &outcome) {
                     results[*n] = Ok(());
                     let restored = target.restored as u64;
@@ -163,10 +183,20 @@ impl Backing for RmemFs {
         }
         for (n, r) in results.iter().enumerate() {
             if let Err(e) = r {
-                self.record_write_error(pages[n].0, e);
+                self.record_write_error(writes[n].0, e);
             }
         }
         results
+    }
+
+    fn stores_in_part(&self, key: PageKey) -> bool {
+        let Ok(inode) = self.ns.get(key.0) else {
+            return false;
+        };
+        let m = inode.meta();
+        m.blocks.get(&key.1).is_some_and(|entry| {
+            entry.written && self.remote.live_copies(&entry.loc) >= self.remote.copies_possible()
+        })
     }
 
     fn record_write_error(&self, key: PageKey, e: &FsError) {

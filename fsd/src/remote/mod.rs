@@ -398,11 +398,12 @@ impl RemoteStore {
         results
     }
 
-    /// Reads each block into its buffer from one of its copies, trying the next copy
-    /// when one fails. A block with no copy left fails with [`RemoteError::Lost`].
+    /// Reads bytes `offset..offset + buffer length` of each block into its buffer from
+    /// one of its copies, trying the next copy when one fails. A block with no copy
+    /// left fails with [`RemoteError::Lost`].
     pub fn read_blocks(
         &self,
-        reads: &mut [(&BlockLoc, &mut [u8])],
+        reads: &mut [(&BlockLoc, usize, &mut [u8])],
     ) -> Vec<Result<(), RemoteError>> {
         let mut results: Vec<Result<(), RemoteError>> =
             reads.iter().map(|_| Err(RemoteError::Lost)).collect();
@@ -410,7 +411,7 @@ impl RemoteStore {
         let mut next: Vec<Option<usize>> = reads.iter().map(|_| Some(0)).collect();
         loop {
             let mut chosen: Vec<Option<Replica>> = vec![None; reads.len()];
-            for (i, (loc, _)) in reads.iter().enumerate() {
+            for (i, (loc, _, _)) in reads.iter().enumerate() {
                 let Some(from) = next[i] else { continue };
                 let pick = loc.replicas()[from.min(loc.len())..]
                     .iter()
@@ -425,14 +426,14 @@ impl RemoteStore {
             }
             let mut which = Vec::new();
             let mut ops = Vec::new();
-            for (i, (_, buf)) in reads.iter_mut().enumerate() {
+            for (i, (_, offset, buf)) in reads.iter_mut().enumerate() {
                 if let Some(replica) = chosen[i] {
                     which.push(i);
                     ops.push(CopyOp {
                         replica,
                         op: RdmaOp::Read {
                             local: buf,
-                            remote: replica.remote,
+                            remote: replica.remote.offset(*offset),
                         },
                     });
                 }
@@ -449,17 +450,21 @@ impl RemoteStore {
         }
     }
 
-    /// Writes each buffer to every copy of its block. Returns, per block, one result
-    /// per copy (in the order of `loc.replicas()`).
-    pub fn write_copies(&self, writes: &[(&BlockLoc, &[u8])]) -> Vec<Vec<Result<(), RemoteError>>> {
+    /// Writes each buffer to bytes `offset..offset + buffer length` of every copy of
+    /// its block. Returns, per block, one result per copy (in the order of
+    /// `loc.replicas()`).
+    pub fn write_copies(
+        &self,
+        writes: &[(&BlockLoc, usize, &[u8])],
+    ) -> Vec<Vec<Result<(), RemoteError>>> {
         let mut ops = Vec::new();
-        for (loc, buf) in writes {
+        for (loc, offset, buf) in writes {
             for r in loc.replicas() {
                 ops.push(CopyOp {
                     replica: *r,
                     op: RdmaOp::Write {
                         local: buf,
-                        remote: r.remote,
+                        remote: r.remote.offset(*offset),
                     },
                 });
             }
@@ -467,7 +472,7 @@ impl RemoteStore {
         let mut outcomes = self.post(ops).into_iter();
         writes
             .iter()
-            .map(|(loc, _)| outcomes.by_ref().take(loc.len()).collect())
+            .map(|(loc, _, _)| outcomes.by_ref().take(loc.len()).collect())
             .collect()
     }
 

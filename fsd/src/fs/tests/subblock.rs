@@ -44,7 +44,7 @@ fn read_all(fs: &RmemFs, ino: Ino) -> Vec<u8> {
 }
 
 #[test]
-fn a_sector_write_to_an_uncached_block_reads_nothing_then_write_back_merges() {
+fn a_sector_write_to_an_uncached_block_reads_nothing_and_is_written_back_alone() {
     let r = big_rig(2);
     let ino = new_file(&r.fs, "f");
     let old = pattern(BIG as usize, 1);
@@ -65,10 +65,14 @@ fn a_sector_write_to_an_uncached_block_reads_nothing_then_write_back_merges() {
         1
     );
 
-    // Eviction writes the page back: one READ of the block to complete it first.
+    // Eviction writes the page back: the block is in remote memory with all its
+    // copies, so the dirty sector alone is written, and nothing is read.
     evict_all(&r.fs);
-    let after = reads(&r.fs);
-    assert_eq!((after.0 - before.0, after.1 - before.1), (1, BIG));
+    assert_eq!(reads(&r.fs), before, "the write-back read nothing");
+    assert_eq!(
+        r.fs.cache().counters.partial_stores.load(Ordering::Relaxed),
+        1
+    );
 
     let mut want = old.clone();
     want[3 * SECTOR as usize..4 * SECTOR as usize].copy_from_slice(&new);
@@ -92,7 +96,11 @@ fn a_read_of_a_partial_dirty_page_gives_the_new_sectors_over_the_old_content() {
     let before = reads(&r.fs);
     assert!(r.fs.read(ino, 0, 2 * BIG as u32).unwrap() == want);
     let after = reads(&r.fs);
-    assert_eq!(after.1 - before.1, 2 * BIG, "each block read once, whole");
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (2, 2 * (BIG - SECTOR)),
+        "each block's missing sectors read once, the new ones not at all"
+    );
     // Now complete: the write-back reads nothing more.
     r.fs.fsync(ino).unwrap();
     assert_eq!(reads(&r.fs), after);
@@ -372,4 +380,41 @@ fn random_writes_truncates_and_punches_match_a_model() {
     let c = &r.fs.cache().counters;
     assert!(c.partial_writes.load(Ordering::Relaxed) > 0);
     assert!(c.partial_fills.load(Ordering::Relaxed) > 0);
+}
+
+#[test]
+fn a_random_4k_read_reads_4k_and_a_stream_reads_whole_blocks() {
+    let r = big_rig(8);
+    let ino = new_file(&r.fs, "f");
+    let data = pattern(4 * BIG as usize, 5);
+    r.fs.write(ino, 0, &data).unwrap();
+    r.fs.fsync(ino).unwrap();
+    evict_all(&r.fs);
+
+    // A 4 KiB read in the middle of block 2: one READ of one sector.
+    let before = reads(&r.fs);
+    let at = 2 * BIG + 5 * SECTOR;
+    let got = r.fs.read(ino, at, SECTOR as u32).unwrap();
+    assert!(got == data[at as usize..(at + SECTOR) as usize]);
+    let after = reads(&r.fs);
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, SECTOR));
+    // An unaligned 100-byte read across a sector boundary: the two sectors it touches.
+    let at = BIG + SECTOR - 50;
+    let got = r.fs.read(ino, at, 100).unwrap();
+    assert!(got == data[at as usize..(at + 100) as usize]);
+    let later = reads(&r.fs);
+    assert_eq!((later.0 - after.0, later.1 - after.1), (1, 2 * SECTOR));
+
+    // A reader going on from where it stopped is a stream: whole blocks from then on
+    // (block 1's missing sectors, then blocks 2 and 3 read ahead).
+    let got = r.fs.read(ino, at + 100, SECTOR as u32).unwrap();
+    let from = (at + 100) as usize;
+    assert!(got == data[from..from + SECTOR as usize]);
+    let streamed = reads(&r.fs);
+    assert_eq!(
+        streamed.1 - later.1,
+        (BIG - 2 * SECTOR) + (BIG - SECTOR) + BIG,
+        "the rest of blocks 1 and 2, and block 3"
+    );
+    assert!(read_all(&r.fs, ino) == data);
 }
