@@ -49,7 +49,8 @@ use lru::LruCache;
 use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 /// `(inode number, block index)`.
 pub type PageKey = (u64, u64);
@@ -251,6 +252,9 @@ pub struct PageCache {
     sectors: Sectors,
     slab: Slab,
     index: Mutex<Index>,
+    /// Set by an eviction round, for the cleaner (see [`PageCache::clean_cold`]).
+    evicting_now: Mutex<bool>,
+    evicted: Condvar,
     pub counters: CacheCounters,
 }
 
@@ -276,6 +280,8 @@ impl PageCache {
                 spare: Vec::new(),
                 buffers: 0,
             }),
+            evicting_now: Mutex::new(false),
+            evicted: Condvar::new(),
             counters: CacheCounters::default(),
         }
     }
@@ -351,6 +357,8 @@ impl PageCache {
                 }
                 victims
             };
+            *lock(&self.evicting_now) = true;
+            self.evicted.notify_one();
             overshoot = self.evict(backing, victims) == 0;
         }
     }
@@ -751,6 +759,47 @@ impl PageCache {
     /// Pages currently cached.
     pub fn cached_pages(&self) -> usize {
         lock(&self.index).lru.len()
+    }
+
+    /// Waits up to `d` for the cache to evict; true if it did meanwhile.
+    pub fn wait_for_evictions(&self, d: Duration) -> bool {
+        let g = lock(&self.evicting_now);
+        let (mut g, _) = self
+            .evicted
+            .wait_timeout_while(g, d, |evicting| !*evicting)
+            .unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut *g)
+    }
+
+    /// Writes back the dirty pages among the `n` least recently used, so that the
+    /// evictions to come find clean pages: run by a thread of its own while the cache
+    /// is evicting, this takes remote writes out of the requests that need a buffer.
+    /// Pages in use are skipped. Returns how many pages were written back.
+    pub fn clean_cold(&self, backing: &dyn Backing, n: usize) -> usize {
+        let mut cold: Vec<Arc<Page>> = {
+            let idx = lock(&self.index);
+            idx.lru
+                .iter()
+                .rev()
+                .take(n)
+                .map(|(_, p)| p.clone())
+                .collect()
+        };
+        // Ascending keys: the lock order for several pages.
+        cold.sort_by_key(|p| p.key);
+        let mut guards: Vec<(PageKey, MutexGuard<'_, PageState>)> = cold
+            .iter()
+            .filter_map(|p| p.state.try_lock().ok().map(|g| (p.key, g)))
+            .filter(|(_, g)| g.live && g.dirty != 0)
+            .collect();
+        let mut batch: Vec<(PageKey, &mut PageState)> =
+            guards.iter_mut().map(|(k, g)| (*k, &mut **g)).collect();
+        let written = batch.len();
+        if let Err(e) = self.write_back(backing, &mut batch, false) {
+            // Recorded by the backing; the page stays dirty for its eviction to retry.
+            log::debug!("cleaning cold pages: {e}");
+        }
+        written
     }
 }
 

@@ -21,6 +21,10 @@ const STATS_PERIOD: Duration = Duration::from_secs(1);
 const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 /// How often copies are counted and degraded blocks re-replicated.
 const MAINTAIN_INTERVAL: Duration = Duration::from_secs(1);
+/// Pages the cleaner looks at, at the cold end of the cache, per round.
+const CLEAN_AHEAD_PAGES: usize = 64;
+/// How long the cleaner sleeps when the cache evicts nothing (then it checks for stop).
+const CLEANER_IDLE_WAIT: Duration = Duration::from_millis(200);
 
 fn size_arg(s: &str) -> Result<u64, String> {
     parse_size(s)
@@ -156,6 +160,10 @@ impl StopSignal {
     fn stop(&self) {
         *self.stopped.lock().unwrap_or_else(|e| e.into_inner()) = true;
         self.cv.notify_all();
+    }
+
+    fn is_stopped(&self) -> bool {
+        *self.stopped.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Waits up to `d`; true once stopped.
@@ -342,6 +350,21 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         })
     };
 
+    // Writing back the coldest dirty pages while the cache evicts, so requests that
+    // need a buffer mostly find clean pages to drop.
+    let cleaner = {
+        let fs = fs.clone();
+        let stop = stop.clone();
+        let ahead = (fs.cache().capacity_pages() / 8).clamp(1, CLEAN_AHEAD_PAGES);
+        std::thread::spawn(move || {
+            while !stop.is_stopped() {
+                if fs.cache().wait_for_evictions(CLEANER_IDLE_WAIT) {
+                    fs.cache().clean_cold(&*fs, ahead);
+                }
+            }
+        })
+    };
+
     // Counting copies and re-replicating, once a second.
     let maintainer = {
         let fs = fs.clone();
@@ -373,6 +396,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     stop.stop();
     signal_handle.close();
     let _ = flusher.join();
+    let _ = cleaner.join();
     let _ = maintainer.join();
     if let Some(t) = stats_writer {
         let _ = t.join();

@@ -2,6 +2,7 @@ use super::*;
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
 
 const BS: usize = 16;
 
@@ -736,4 +737,31 @@ fn a_block_the_backing_holds_is_written_back_as_its_dirty_sectors_only() {
         lock(&b.blocks)[&(1, 1)],
         block_of(&[0, 0, 0, 0, 5, 5, 5, 5, 0, 0, 0, 0, 0, 0, 0, 0])
     );
+}
+
+#[test]
+fn the_cleaner_writes_back_the_coldest_dirty_pages_and_eviction_then_stores_nothing() {
+    let b = MemBacking::default();
+    let c = PageCache::new((4 * BS) as u64, BS);
+    assert!(
+        !c.wait_for_evictions(Duration::from_millis(1)),
+        "nothing evicted yet"
+    );
+    for i in 0..4u64 {
+        write_block(&c, &b, (1, i), i as u8 + 1);
+    }
+    // The two coldest (blocks 0 and 1) are written back and stay cached, clean.
+    assert_eq!(c.clean_cold(&b, 2), 2);
+    assert_eq!(*lock(&b.stored), vec![((1, 0), 0, BS), ((1, 1), 0, BS)]);
+    assert_eq!(c.cached_pages(), 4);
+    assert_eq!(c.dirty_pages(), 2);
+    // Evicting them now writes nothing more; the cache says it evicted.
+    write_block(&c, &b, (1, 4), 5);
+    write_block(&c, &b, (1, 5), 6);
+    assert_eq!(b.stores.load(Ordering::SeqCst), 2);
+    assert!(c.wait_for_evictions(Duration::from_millis(1)));
+    assert_eq!(read_block(&c, &b, (1, 0)), vec![1; BS]);
+    // Clean pages cost nothing to the cleaner.
+    c.flush_all(&b).unwrap();
+    assert_eq!(c.clean_cold(&b, 4), 0);
 }
