@@ -96,20 +96,24 @@ fn write_block(c: &PageCache, b: &dyn Backing, key: PageKey, byte: u8) {
     .expect("write");
 }
 
-fn read_block(c: &PageCache, b: &dyn Backing, key: PageKey) -> Vec<u8> {
+/// The bytes of block `key`'s page as the callback of an access with `fill` sees them.
+fn view(c: &PageCache, b: &dyn Backing, key: PageKey, fill: Fill) -> Result<Vec<u8>, FsError> {
     let mut out = Vec::new();
     c.access(
         b,
         key.0,
         key.1..key.1 + 1,
-        |_| Fill::Load,
+        |_| fill,
         |_, buf, _| {
             out = buf.to_vec();
             Ok(())
         },
     )
-    .expect("read");
-    out
+    .map(|()| out)
+}
+
+fn read_block(c: &PageCache, b: &dyn Backing, key: PageKey) -> Vec<u8> {
+    view(c, b, key, Fill::Load).expect("read")
 }
 
 #[test]
@@ -182,19 +186,7 @@ fn zero_and_overwrite_fills_do_not_load() {
     let b = MemBacking::default();
     let c = PageCache::new((4 * BS) as u64, BS);
     lock(&b.blocks).insert((1, 0), vec![5; BS]);
-    let mut seen = Vec::new();
-    c.access(
-        &b,
-        1,
-        0..1,
-        |_| Fill::Zero,
-        |_, buf, _| {
-            seen = buf.to_vec();
-            Ok(())
-        },
-    )
-    .unwrap();
-    assert_eq!(seen, vec![0; BS]);
+    assert_eq!(view(&c, &b, (1, 0), Fill::Zero).unwrap(), vec![0; BS]);
     assert_eq!(b.loads.load(Ordering::SeqCst), 0);
 }
 
@@ -454,20 +446,8 @@ fn a_zero_fill_keeps_the_valid_sectors() {
     let c = sectored(4);
     lock(&b.blocks).insert((1, 0), vec![1; BS]);
     write_at(&c, &b, (1, 0), 4, &[2; 4]);
-    let mut seen = Vec::new();
-    c.access(
-        &b,
-        1,
-        0..1,
-        |_| Fill::Zero,
-        |_, buf, _| {
-            seen = buf.to_vec();
-            Ok(())
-        },
-    )
-    .unwrap();
     assert_eq!(
-        seen,
+        view(&c, &b, (1, 0), Fill::Zero).unwrap(),
         block_of(&[0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0])
     );
     assert_eq!(b.loads.load(Ordering::SeqCst), 0);
@@ -625,19 +605,8 @@ fn concurrent_partial_writers_to_the_same_blocks_lose_nothing() {
 
 /// Reads bytes `from..to` of block `key` as a random read does.
 fn read_at(c: &PageCache, b: &dyn Backing, key: PageKey, from: usize, to: usize) -> Vec<u8> {
-    let mut out = Vec::new();
-    c.access(
-        b,
-        key.0,
-        key.1..key.1 + 1,
-        |_| Fill::Read { from, to },
-        |_, buf, _| {
-            out = buf[from..to].to_vec();
-            Ok(())
-        },
-    )
-    .expect("read");
-    out
+    let page = view(c, b, key, Fill::Read { from, to }).expect("read");
+    page[from..to].to_vec()
 }
 
 #[test]
@@ -681,15 +650,7 @@ fn a_failed_random_read_leaves_its_sectors_invalid() {
     let c = sectored(4);
     lock(&b.blocks).insert((1, 0), vec![3; BS]);
     lock(&b.failing).push((1, 0));
-    assert!(c
-        .access(
-            &b,
-            1,
-            0..1,
-            |_| Fill::Read { from: 4, to: 8 },
-            |_, _, _| Ok(())
-        )
-        .is_err());
+    assert!(view(&c, &b, (1, 0), Fill::Read { from: 4, to: 8 }).is_err());
     lock(&b.failing).clear();
     // What the failed load left in sector 1 is not taken as content.
     assert_eq!(read_at(&c, &b, (1, 0), 4, 8), vec![3; 4]);

@@ -38,6 +38,27 @@ fn evict_all(fs: &RmemFs) {
     assert_eq!(fs.cache().dirty_pages(), 0);
 }
 
+/// A file "f" of `len` bytes of pattern `seed`, written back and out of the cache.
+fn file_in_remote_memory(fs: &RmemFs, len: u64, seed: u64) -> (Ino, Vec<u8>) {
+    let ino = new_file(fs, "f");
+    let data = pattern(len as usize, seed);
+    fs.write(ino, 0, &data).unwrap();
+    fs.fsync(ino).unwrap();
+    evict_all(fs);
+    (ino, data)
+}
+
+fn set_size(fs: &RmemFs, ino: Ino, size: u64) {
+    fs.setattr(
+        ino,
+        &SetAttr {
+            size: Some(size),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
+}
+
 fn read_all(fs: &RmemFs, ino: Ino) -> Vec<u8> {
     let size = fs.getattr(ino).unwrap().size;
     fs.read(ino, 0, size as u32).unwrap()
@@ -46,11 +67,7 @@ fn read_all(fs: &RmemFs, ino: Ino) -> Vec<u8> {
 #[test]
 fn a_sector_write_to_an_uncached_block_reads_nothing_and_is_written_back_alone() {
     let r = big_rig(2);
-    let ino = new_file(&r.fs, "f");
-    let old = pattern(BIG as usize, 1);
-    r.fs.write(ino, 0, &old).unwrap();
-    r.fs.fsync(ino).unwrap();
-    evict_all(&r.fs);
+    let (ino, old) = file_in_remote_memory(&r.fs, BIG, 1);
 
     let before = reads(&r.fs);
     let new = pattern(SECTOR as usize, 2);
@@ -82,11 +99,7 @@ fn a_sector_write_to_an_uncached_block_reads_nothing_and_is_written_back_alone()
 #[test]
 fn a_read_of_a_partial_dirty_page_gives_the_new_sectors_over_the_old_content() {
     let r = big_rig(4);
-    let ino = new_file(&r.fs, "f");
-    let old = pattern(2 * BIG as usize, 3);
-    r.fs.write(ino, 0, &old).unwrap();
-    r.fs.fsync(ino).unwrap();
-    evict_all(&r.fs);
+    let (ino, old) = file_in_remote_memory(&r.fs, 2 * BIG, 3);
 
     let new = pattern(2 * SECTOR as usize, 4);
     // Sectors 15 of block 0 and 0 of block 1: two partial pages.
@@ -140,14 +153,7 @@ fn a_sector_write_to_a_new_block_never_reads_and_never_shows_stale_bytes() {
     evict_all(&r.fs);
     assert_eq!(read_all(&r.fs, ino), want);
     // The block in remote memory holds zeros past EOF, not the old file's bytes.
-    r.fs.setattr(
-        ino,
-        &SetAttr {
-            size: Some(BIG),
-            ..SetAttr::default()
-        },
-    )
-    .unwrap();
+    set_size(&r.fs, ino, BIG);
     want.resize(BIG as usize, 0);
     assert_eq!(read_all(&r.fs, ino), want);
 }
@@ -155,11 +161,7 @@ fn a_sector_write_to_a_new_block_never_reads_and_never_shows_stale_bytes() {
 #[test]
 fn unaligned_writes_into_partial_and_uncached_blocks_stay_exact() {
     let r = big_rig(2);
-    let ino = new_file(&r.fs, "f");
-    let mut want = pattern(3 * BIG as usize, 6);
-    r.fs.write(ino, 0, &want).unwrap();
-    r.fs.fsync(ino).unwrap();
-    evict_all(&r.fs);
+    let (ino, mut want) = file_in_remote_memory(&r.fs, 3 * BIG, 6);
     // Aligned sector in block 0, then an unaligned write ending in a sector the page
     // lacks (loads, must keep the first), then one inside held sectors only.
     let writes: [(u64, usize, u64); 5] = [
@@ -182,11 +184,7 @@ fn unaligned_writes_into_partial_and_uncached_blocks_stay_exact() {
 #[test]
 fn truncate_and_punch_on_partial_pages_keep_the_file_exact() {
     let r = big_rig(2);
-    let ino = new_file(&r.fs, "f");
-    let mut want = pattern(3 * BIG as usize, 12);
-    r.fs.write(ino, 0, &want).unwrap();
-    r.fs.fsync(ino).unwrap();
-    evict_all(&r.fs);
+    let (ino, mut want) = file_in_remote_memory(&r.fs, 3 * BIG, 12);
 
     // A partial dirty page, then a truncate at a sector boundary inside its block:
     // the zeroed tail is whole sectors, so the truncate reads nothing either.
@@ -195,14 +193,7 @@ fn truncate_and_punch_on_partial_pages_keep_the_file_exact() {
     want[SECTOR as usize..2 * SECTOR as usize].copy_from_slice(&s1);
     let before = reads(&r.fs);
     let set_size = |size: u64| {
-        r.fs.setattr(
-            ino,
-            &SetAttr {
-                size: Some(size),
-                ..SetAttr::default()
-            },
-        )
-        .unwrap();
+        set_size(&r.fs, ino, size);
     };
     set_size(2 * SECTOR);
     assert_eq!(reads(&r.fs), before, "an aligned truncate reads nothing");
@@ -341,14 +332,7 @@ fn random_writes_truncates_and_punches_match_a_model() {
             }
             6 => {
                 let size = pick(&mut rng, span);
-                r.fs.setattr(
-                    ino,
-                    &SetAttr {
-                        size: Some(size),
-                        ..SetAttr::default()
-                    },
-                )
-                .unwrap();
+                set_size(&r.fs, ino, size);
                 model.resize(size as usize, 0);
             }
             7 => {
@@ -385,11 +369,7 @@ fn random_writes_truncates_and_punches_match_a_model() {
 #[test]
 fn a_random_4k_read_reads_4k_and_a_stream_reads_whole_blocks() {
     let r = big_rig(8);
-    let ino = new_file(&r.fs, "f");
-    let data = pattern(4 * BIG as usize, 5);
-    r.fs.write(ino, 0, &data).unwrap();
-    r.fs.fsync(ino).unwrap();
-    evict_all(&r.fs);
+    let (ino, data) = file_in_remote_memory(&r.fs, 4 * BIG, 5);
 
     // A 4 KiB read in the middle of block 2: one READ of one sector.
     let before = reads(&r.fs);
