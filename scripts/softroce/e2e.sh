@@ -12,7 +12,7 @@
 #                     real run of the same pipeline without RDMA (the guest still has
 #                     rxe0), useful while the verbs backend is not there.
 #   --tests LIST      rmemfs-tests binaries to run, comma-separated (default
-#                     round_trip,full_remote_memory,posix,remote_memory_reclaim and two
+#                     round_trip,full_remote_memory,posix,remote_memory_reclaim,remote_traffic and two
 #                     tests of replication). NAME:FILTER runs only the tests of binary
 #                     NAME whose names contain FILTER.
 #                     rmemfs-common's `fabric` binary always runs first when it exists;
@@ -42,7 +42,7 @@ usage() {
 }
 
 transport=verbs
-tests=round_trip,full_remote_memory,posix,remote_memory_reclaim,replication:two_replicas_survive,replication:one_replica_losing
+tests=round_trip,full_remote_memory,posix,remote_memory_reclaim,remote_traffic,replication:two_replicas_survive,replication:one_replica_losing
 timeout_s=720
 mem=2048
 smp=2

@@ -1,0 +1,126 @@
+//! What crosses the fabric for small random I/O through the mount, counted by fsd's
+//! `--stats-file`: a 4 KiB read that misses fsd's cache moves 4 KiB from remote
+//! memory (one READ), not its 64 KiB block, and a 4 KiB write to a block that remote
+//! memory holds moves 4 KiB to it (one WRITE) and reads nothing. O_DIRECT keeps the
+//! kernel's page cache out of the way, so every request reaches fsd as it was made.
+
+use rmemfs_tests::kernel::AlignedBuf;
+use rmemfs_tests::{heavy_test, FsdMount, FsdStats, MemnodeProc, Pattern, StatsFile, MIB};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::time::Duration;
+
+const SECTOR: u64 = 4096;
+const BLOCK: u64 = 64 << 10;
+/// The file: 64 MiB through a 4 MiB cache, so all but its last blocks are only in
+/// remote memory once it is written.
+const FILE: u64 = 64 * MIB;
+/// Requests per phase, each in a block of its own among the first 48 MiB.
+const N: u64 = 200;
+
+fn open_direct(path: &std::path::Path) -> File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .unwrap_or_else(|e| panic!("open {} with O_DIRECT: {e}", path.display()))
+}
+
+/// N distinct blocks among the first 48 MiB, in a scattered order, with a sector
+/// inside each (never the first, so no request starts where the previous one ended:
+/// fsd would take that for a stream and read ahead).
+fn scattered(seed: u64) -> Vec<u64> {
+    let blocks = 48 * MIB / BLOCK;
+    (0..N)
+        .map(|i| {
+            let block = (i * 97 + seed) % blocks;
+            let sector = 1 + (i * 7 + seed) % (BLOCK / SECTOR - 1);
+            block * BLOCK + sector * SECTOR
+        })
+        .collect()
+}
+
+/// The counters once fsd has counted `what` (remote_reads or remote_writes) up to
+/// `at_least`, then once more a stats period later, so nothing still on its way is
+/// missed.
+fn settled(stats: &StatsFile, what: &str, at_least: u64) -> FsdStats {
+    stats.wait_for(Duration::from_secs(10), what, |s| s.value(what) >= at_least);
+    std::thread::sleep(Duration::from_millis(2500));
+    stats.current()
+}
+
+#[test]
+fn random_4k_direct_io_moves_4k_per_request_over_the_fabric() {
+    let _serial = heavy_test();
+    let memnode = MemnodeProc::start("256M");
+    let stats = StatsFile::new();
+    let fsd = FsdMount::with_memnode(
+        &memnode,
+        &[
+            "--cache",
+            "4M",
+            "--block-size",
+            "64K",
+            "--stats-file",
+            stats.arg(),
+        ],
+    );
+    let path = fsd.join("f");
+    let pattern = Pattern::for_test("remote traffic of 4 KiB direct I/O");
+    pattern.write_file(&path, FILE);
+    File::open(&path).and_then(|f| f.sync_all()).expect("fsync");
+    let file = open_direct(&path);
+
+    // Reads: each misses fsd's cache, which holds only the file's last blocks.
+    let before = settled(&stats, "remote_writes", 0);
+    let mut buf = AlignedBuf::new(SECTOR as usize, SECTOR as usize);
+    for &at in &scattered(1) {
+        let n = file.read_at(buf.as_mut_slice(), at).expect("read");
+        assert_eq!(n, SECTOR as usize);
+        assert!(
+            buf.as_slice() == pattern.bytes(at, SECTOR as usize),
+            "4 KiB at {at} differs from what was written"
+        );
+    }
+    let after = settled(&stats, "remote_reads", before.value("remote_reads") + N);
+    let delta = |s: &FsdStats, b: &FsdStats, k: &str| s.value(k) - b.value(k);
+    println!(
+        "{N} reads: {} remote READs, {} bytes",
+        delta(&after, &before, "remote_reads"),
+        delta(&after, &before, "remote_read_bytes")
+    );
+    assert_eq!(delta(&after, &before, "remote_reads"), N);
+    assert_eq!(delta(&after, &before, "remote_read_bytes"), N * SECTOR);
+    assert_eq!(delta(&after, &before, "remote_writes"), 0);
+
+    // Writes to other blocks: no READ, one 4 KiB WRITE each (at eviction or fsync).
+    let writes = scattered(5);
+    for &at in &writes {
+        let data = AlignedBuf::from_slice(&vec![0xa5; SECTOR as usize], SECTOR as usize);
+        let n = file.write_at(data.as_slice(), at).expect("write");
+        assert_eq!(n, SECTOR as usize);
+    }
+    file.sync_all().expect("fsync");
+    let written = settled(&stats, "remote_writes", after.value("remote_writes") + N);
+    println!(
+        "{N} writes: {} remote READs, {} WRITEs, {} bytes written",
+        delta(&written, &after, "remote_reads"),
+        delta(&written, &after, "remote_writes"),
+        delta(&written, &after, "remote_write_bytes")
+    );
+    assert_eq!(delta(&written, &after, "remote_reads"), 0);
+    assert_eq!(delta(&written, &after, "remote_writes"), N);
+    assert_eq!(delta(&written, &after, "remote_write_bytes"), N * SECTOR);
+
+    // And the data is what it should be, read back from remote memory.
+    drop(file);
+    let reader = File::open(&path).expect("open");
+    for &at in &writes {
+        let mut got = vec![0; SECTOR as usize];
+        reader.read_exact_at(&mut got, at).expect("read back");
+        assert!(got.iter().all(|&b| b == 0xa5), "write at {at} lost");
+    }
+    drop(reader);
+    fsd.unmount();
+}
