@@ -279,6 +279,65 @@ fn many_outstanding_operations_in_one_batch_and_from_many_threads() {
     }
 }
 
+#[test]
+fn batches_keep_their_order_and_any_length() {
+    let f = server();
+    let ep = f.client(7);
+    let slot = 2048usize;
+    let pairs = 1500usize;
+    let (remote, ptr) = register(&*ep, (slot * pairs) as u32);
+    // Each READ follows the WRITE of its slot in the same batch and must see it.
+    let data: Vec<Vec<u8>> = (0..pairs).map(|i| pattern(slot, i as u8 ^ 0x5a)).collect();
+    let mut bufs = vec![vec![0u8; slot]; pairs];
+    let mut ops = Vec::with_capacity(2 * pairs);
+    for (i, (d, b)) in data.iter().zip(bufs.iter_mut()).enumerate() {
+        let r = at(remote, (i * slot) as u64);
+        ops.push(RdmaOp::Write {
+            local: d,
+            remote: r,
+        });
+        ops.push(RdmaOp::Read {
+            local: b,
+            remote: r,
+        });
+    }
+    let results = ep.execute(&mut ops);
+    drop(ops);
+    assert_eq!(results.len(), 2 * pairs, "one result per operation");
+    assert!(results.iter().all(|r| r.is_ok()), "alternating batch");
+    for (i, (d, b)) in data.iter().zip(&bufs).enumerate() {
+        assert_eq!(b, d, "READ {i} after its WRITE in one batch");
+    }
+    // Long runs of one kind: every WRITE, then every READ back.
+    let data: Vec<Vec<u8>> = (0..pairs).map(|i| pattern(slot, i as u8)).collect();
+    let mut ops: Vec<RdmaOp> = data
+        .iter()
+        .enumerate()
+        .map(|(i, d)| RdmaOp::Write {
+            local: d,
+            remote: at(remote, (i * slot) as u64),
+        })
+        .collect();
+    assert!(ep.execute(&mut ops).iter().all(|r| r.is_ok()), "WRITE run");
+    assert_eq!(
+        server_bytes(ptr, slot * pairs),
+        data.concat(),
+        "server memory"
+    );
+    let mut bufs = vec![vec![0u8; slot]; pairs];
+    let mut ops: Vec<RdmaOp> = bufs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, b)| RdmaOp::Read {
+            local: b,
+            remote: at(remote, (i * slot) as u64),
+        })
+        .collect();
+    assert!(ep.execute(&mut ops).iter().all(|r| r.is_ok()), "READ run");
+    drop(ops);
+    assert_eq!(bufs, data, "READ run");
+}
+
 fn assert_remote_access(r: Result<(), FabricError>, what: &str) {
     assert!(
         matches!(r, Err(FabricError::RemoteAccess { .. })),

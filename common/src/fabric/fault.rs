@@ -87,4 +87,8 @@ impl Endpoint for FaultyEndpoint {
     fn is_connected(&self) -> bool {
         self.inner.is_connected()
     }
+
+    fn is_busy(&self) -> bool {
+        self.inner.is_busy()
+    }
 }

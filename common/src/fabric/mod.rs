@@ -145,6 +145,13 @@ pub trait Endpoint: Send + Sync {
 
     /// False once the connection is known to be gone.
     fn is_connected(&self) -> bool;
+
+    /// A hint, true while another caller has the connection to itself, so a caller
+    /// with several connections can pick an idle one. Backends whose connections
+    /// take calls from many threads at once are never busy.
+    fn is_busy(&self) -> bool {
+        false
+    }
 }
 
 /// The passive side's memory registration, what `ibv_reg_mr` is on a NIC: a range of

@@ -70,10 +70,15 @@ impl Link {
         Ok((link, capacity))
     }
 
-    /// A data connection; operations are spread over them round-robin.
+    /// A data connection: the next idle one round-robin, or the next one when all
+    /// are busy (a tcp connection serves one caller at a time).
     pub fn endpoint(&self) -> &dyn Endpoint {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.endpoints.len();
-        self.endpoints[i].as_ref()
+        let n = self.endpoints.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        (0..n)
+            .map(|k| self.endpoints[(start + k) % n].as_ref())
+            .find(|e| !e.is_busy())
+            .unwrap_or(self.endpoints[start % n].as_ref())
     }
 
     /// The connection that carries control calls.

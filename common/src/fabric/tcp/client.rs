@@ -1,113 +1,172 @@
 //! Active side of the tcp backend.
 //!
-//! Posting: a caller registers one completion slot per operation in the pending map,
-//! then writes all request headers and payloads under the writer lock (a batch goes
-//! out back to back), then waits on its slots with a deadline.
+//! The caller completes its own work, as a thread polling an RDMA completion queue
+//! does: [`Endpoint::execute`] takes the connection, writes a run of requests with
+//! one vectored write, then reads their completions itself, each READ's payload
+//! straight into the caller's buffer. There is no reader thread to wake and no
+//! intermediate buffer, so a remote READ costs the peer's wakeup and the caller's
+//! only. Threads that call at once queue for the connection (fsd spreads its calls
+//! over several connections).
 //!
-//! Completing: one reader thread per connection reads completion headers, removes the
-//! matching slot from the pending map and fills it. A READ's payload is handed over as
-//! a buffer that the waiting caller copies into its own memory, so no thread ever
-//! writes into memory a caller may already have given up on after a timeout.
+//! Runs: a batch is sent as runs of one kind (READs, or WRITEs) of at most
+//! [`MAX_RUN`] operations, each run's completions read before the next run is sent,
+//! so order is kept and neither side can block the other: a READ run's requests
+//! (32 bytes each) fit in the peer's receive buffer while its completions come back,
+//! and a WRITE run's completions (16 bytes each) fit in ours while its payloads go
+//! out.
 //!
-//! When the stream breaks, the reader fails every pending slot with `Disconnected` and
-//! marks the endpoint dead; later posts fail at once.
+//! Completions are matched by work-request id. An id outside the run, a length
+//! beyond the limits or a stream that ends mid-completion breaks the connection.
 //!
-//! Lock order: `pending` is never held while taking `writer` or a slot's lock.
+//! Deadlines: every read is bounded by the call's deadline (the socket's receive
+//! timeout is lowered to what is left when that is shorter). A call that misses its
+//! deadline leaves the stream mid-frame, so the connection is closed then, as a
+//! queue pair goes to the error state when its retries run out; every later call
+//! fails at once with `Disconnected`. A thread queued behind a stalled call waits for
+//! that call's deadline first.
 
 use super::wire::*;
 use crate::fabric::{Endpoint, FabricError, RdmaOp, MAX_DATA_OP};
 use crate::protocol::MAX_CONTROL_FRAME;
-use std::collections::HashMap;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufReader, IoSlice, Read};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
+use std::os::fd::AsRawFd;
+use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
-type Completion = Result<Vec<u8>, FabricError>;
-
-#[derive(Default)]
-struct Slot {
-    result: Mutex<Option<Completion>>,
-    ready: Condvar,
-}
-
-impl Slot {
-    fn complete(&self, c: Completion) {
-        *lock(&self.result) = Some(c);
-        self.ready.notify_all();
-    }
-
-    fn wait(&self, deadline: Instant) -> Option<Completion> {
-        let mut guard = lock(&self.result);
-        loop {
-            if let Some(c) = guard.take() {
-                return Some(c);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return None;
-            }
-            guard = self
-                .ready
-                .wait_timeout(guard, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-}
+/// Most operations sent before their completions are read (see the module docs).
+pub const MAX_RUN: usize = 1024;
+/// Receive buffer: a small completion (a 4 KiB READ's) arrives with its header in
+/// one read; most of a large payload bypasses it and lands in the caller's buffer.
+const RX_BUFFER: usize = 16 << 10;
+/// Most of an error completion's message that is kept.
+const MAX_MESSAGE: usize = 4096;
 
 /// Locks a mutex, carrying on if a panicking thread poisoned it: the data behind
 /// these locks stays consistent at every unlock point.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-struct Shared {
-    peer: String,
-    pending: Mutex<HashMap<u64, Arc<Slot>>>,
-    /// Why the connection died, once it has.
-    dead: Mutex<Option<String>>,
+/// Why reading a completion failed; each ends the connection.
+enum RxError {
+    Timeout,
+    Broken(String),
 }
 
-impl Shared {
-    fn disconnected(&self) -> Option<FabricError> {
-        lock(&self.dead)
-            .as_ref()
-            .map(|reason| FabricError::Disconnected {
-                peer: self.peer.clone(),
-                reason: reason.clone(),
-            })
+/// The connection's stream, owned by one caller at a time.
+struct Io {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+    next_wr_id: u64,
+    /// The socket's receive timeout now.
+    read_timeout: Duration,
+}
+
+impl Io {
+    /// Lowers the socket's receive timeout to what is left until `deadline`, when
+    /// that is shorter than the timeout set now.
+    fn arm(&mut self, deadline: Instant) -> Result<(), RxError> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(RxError::Timeout);
+        }
+        if left < self.read_timeout {
+            self.set_read_timeout(left)?;
+        }
+        Ok(())
     }
 
-    /// Marks the connection dead and fails everything outstanding.
-    fn kill(&self, reason: String) {
-        {
-            let mut dead = lock(&self.dead);
-            if dead.is_none() {
-                log::warn!("connection to {} lost: {}", self.peer, reason);
-                *dead = Some(reason.clone());
+    fn set_read_timeout(&mut self, t: Duration) -> Result<(), RxError> {
+        self.w
+            .set_read_timeout(Some(t))
+            .map_err(|e| RxError::Broken(format!("setting the receive timeout: {e}")))?;
+        self.read_timeout = t;
+        Ok(())
+    }
+
+    /// Fills `buf` from the stream by `deadline`.
+    fn read_exact_by(&mut self, buf: &mut [u8], deadline: Instant) -> Result<(), RxError> {
+        let mut done = 0;
+        while done < buf.len() {
+            if self.r.buffer().is_empty() {
+                self.arm(deadline)?;
+            }
+            match self.r.read(&mut buf[done..]) {
+                Ok(0) => return Err(RxError::Broken("peer closed the connection".into())),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(RxError::Timeout)
+                }
+                Err(e) => return Err(RxError::Broken(format!("read failed: {e}"))),
             }
         }
-        let slots: Vec<_> = lock(&self.pending).drain().map(|(_, s)| s).collect();
-        for s in slots {
-            s.complete(Err(FabricError::Disconnected {
-                peer: self.peer.clone(),
-                reason: reason.clone(),
-            }));
+        Ok(())
+    }
+
+    /// Reads and drops `len` bytes.
+    fn skip_by(&mut self, mut len: usize, deadline: Instant) -> Result<(), RxError> {
+        let mut scratch = [0u8; 4096];
+        while len > 0 {
+            let n = len.min(scratch.len());
+            self.read_exact_by(&mut scratch[..n], deadline)?;
+            len -= n;
         }
+        Ok(())
+    }
+
+    /// Reads a completion's payload as an error message, keeping its start.
+    fn message_by(&mut self, len: usize, deadline: Instant) -> Result<String, RxError> {
+        let keep = len.min(MAX_MESSAGE);
+        let mut msg = vec![0u8; keep];
+        self.read_exact_by(&mut msg, deadline)?;
+        self.skip_by(len - keep, deadline)?;
+        Ok(String::from_utf8_lossy(&msg).into_owned())
+    }
+
+    fn header_by(&mut self, deadline: Instant) -> Result<CompletionHeader, RxError> {
+        let mut b = [0u8; COMPLETION_HEADER_LEN];
+        self.read_exact_by(&mut b, deadline)?;
+        let h = CompletionHeader::decode(&b);
+        if h.len as usize > MAX_DATA_OP.max(MAX_CONTROL_FRAME) {
+            return Err(RxError::Broken(format!(
+                "completion claims {} bytes: stream corrupt",
+                h.len
+            )));
+        }
+        Ok(h)
+    }
+
+    /// Writes requests (header and optional payload each) back to back.
+    fn send(&mut self, requests: &[(RequestHeader, Option<&[u8]>)]) -> std::io::Result<()> {
+        let headers: Vec<[u8; REQUEST_HEADER_LEN]> =
+            requests.iter().map(|(h, _)| h.encode()).collect();
+        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(2 * requests.len());
+        for (h, (_, payload)) in headers.iter().zip(requests) {
+            slices.push(IoSlice::new(h));
+            if let Some(p) = payload {
+                slices.push(IoSlice::new(p));
+            }
+        }
+        write_all_vectored(&mut self.w, &mut slices)
     }
 }
 
 /// One tcp connection to a memnode.
 pub struct TcpEndpoint {
-    shared: Arc<Shared>,
-    writer: Mutex<BufWriter<TcpStream>>,
-    stream: TcpStream,
-    next_wr_id: AtomicU64,
+    peer: String,
     timeout: Duration,
-    reader: Option<JoinHandle<()>>,
+    io: Mutex<Io>,
+    /// The stream, to close it and to probe it while another thread owns `io`.
+    stream: TcpStream,
+    /// Why the connection died, once it has.
+    dead: Mutex<Option<String>>,
 }
 
 impl TcpEndpoint {
@@ -135,103 +194,190 @@ impl TcpEndpoint {
         }
         let stream = stream.ok_or_else(|| err(last))?;
         stream.set_nodelay(true).map_err(|e| err(e.to_string()))?;
-        // A peer that stops reading must not block a writer forever.
+        // A peer that stops reading or answering must not block a caller forever.
         stream
             .set_write_timeout(Some(timeout))
             .map_err(|e| err(e.to_string()))?;
-        let shared = Arc::new(Shared {
-            peer: peer.to_string(),
-            pending: Mutex::new(HashMap::new()),
-            dead: Mutex::new(None),
-        });
+        stream
+            .set_read_timeout(Some(timeout))
+            .map_err(|e| err(e.to_string()))?;
         let read_half = stream.try_clone().map_err(|e| err(e.to_string()))?;
         let write_half = stream.try_clone().map_err(|e| err(e.to_string()))?;
-        let reader_shared = shared.clone();
-        let reader = std::thread::Builder::new()
-            .name(format!("fabric-rx {peer}"))
-            .spawn(move || {
-                let reason = read_completions(read_half, &reader_shared);
-                reader_shared.kill(reason);
-            })
-            .map_err(|e| err(e.to_string()))?;
         Ok(TcpEndpoint {
-            shared,
-            writer: Mutex::new(BufWriter::with_capacity(256 << 10, write_half)),
-            stream,
-            next_wr_id: AtomicU64::new(1),
+            peer: peer.to_string(),
             timeout,
-            reader: Some(reader),
+            io: Mutex::new(Io {
+                r: BufReader::with_capacity(RX_BUFFER, read_half),
+                w: write_half,
+                next_wr_id: 1,
+                read_timeout: timeout,
+            }),
+            stream,
+            dead: Mutex::new(None),
         })
     }
 
-    /// Writes requests (header and optional payload each) back to back, then flushes.
-    /// A failed write leaves the stream unusable, so it kills the connection.
-    fn post(&self, requests: &[(RequestHeader, Option<&[u8]>)]) -> Result<(), FabricError> {
-        let mut w = lock(&self.writer);
-        let result = (|| -> std::io::Result<()> {
-            for (h, payload) in requests {
-                w.write_all(&h.encode())?;
-                if let Some(p) = payload {
-                    w.write_all(p)?;
-                }
-            }
-            w.flush()
-        })();
-        drop(w);
-        result.map_err(|e| {
-            let reason = format!("write failed: {e}");
-            self.shared.kill(reason.clone());
-            FabricError::Disconnected {
-                peer: self.shared.peer.clone(),
-                reason,
-            }
-        })
+    fn disconnected(&self) -> Option<FabricError> {
+        lock(&self.dead)
+            .as_ref()
+            .map(|reason| FabricError::Disconnected {
+                peer: self.peer.clone(),
+                reason: reason.clone(),
+            })
     }
 
-    fn register(&self, n: usize) -> Result<Vec<(u64, Arc<Slot>)>, FabricError> {
-        if let Some(e) = self.shared.disconnected() {
+    /// Marks the connection dead and closes it: the stream's position is unknown.
+    fn kill(&self, reason: String) -> FabricError {
+        {
+            let mut dead = lock(&self.dead);
+            if dead.is_none() {
+                log::warn!("connection to {} lost: {}", self.peer, reason);
+                *dead = Some(reason);
+            }
+        }
+        let _ = self.stream.shutdown(Shutdown::Both);
+        self.disconnected().expect("marked dead just above")
+    }
+
+    /// The connection for one call, with the receive timeout back at its full
+    /// length; the error when the connection is dead.
+    fn take_io(&self) -> Result<MutexGuard<'_, Io>, FabricError> {
+        let mut io = lock(&self.io);
+        if let Some(e) = self.disconnected() {
             return Err(e);
         }
-        let first = self.next_wr_id.fetch_add(n as u64, Ordering::Relaxed);
-        let slots: Vec<_> = (0..n as u64)
-            .map(|i| (first + i, Arc::new(Slot::default())))
-            .collect();
-        let mut pending = lock(&self.shared.pending);
-        for (id, s) in &slots {
-            pending.insert(*id, s.clone());
+        if io.read_timeout != self.timeout {
+            if let Err(RxError::Broken(why)) = io.set_read_timeout(self.timeout) {
+                return Err(self.kill(why));
+            }
         }
-        drop(pending);
-        // The connection may have died between the check and the insert; its kill
-        // drained the map before our insert, so check again and undo.
-        if let Some(e) = self.shared.disconnected() {
-            self.forget(&slots);
-            return Err(e);
-        }
-        Ok(slots)
+        Ok(io)
     }
 
-    fn forget(&self, slots: &[(u64, Arc<Slot>)]) {
-        let mut pending = lock(&self.shared.pending);
-        for (id, _) in slots {
-            pending.remove(id);
-        }
-    }
-
-    fn wait(&self, id: u64, slot: &Slot, deadline: Instant) -> Completion {
-        match slot.wait(deadline) {
-            Some(c) => c,
-            None => {
-                lock(&self.shared.pending).remove(&id);
-                // The completion may have landed between the timeout and the removal.
-                if let Some(c) = lock(&slot.result).take() {
-                    return c;
-                }
-                Err(FabricError::Timeout {
-                    peer: self.shared.peer.clone(),
+    /// Turns a failed read into the caller's error, ending the connection.
+    fn rx_failed(&self, e: RxError) -> FabricError {
+        match e {
+            RxError::Timeout => {
+                self.kill(format!("no completion within {:?}", self.timeout));
+                FabricError::Timeout {
+                    peer: self.peer.clone(),
                     after: self.timeout,
-                })
+                }
             }
+            RxError::Broken(why) => self.kill(why),
         }
+    }
+
+    /// Sends one run of operations of one kind and reads their completions into
+    /// `results`.
+    fn run(
+        &self,
+        io: &mut Io,
+        ops: &mut [RdmaOp<'_>],
+        results: &mut [Option<Result<(), FabricError>>],
+        deadline: Instant,
+    ) -> Result<(), FabricError> {
+        let first = io.next_wr_id;
+        io.next_wr_id += ops.len() as u64;
+        let requests: Vec<(RequestHeader, Option<&[u8]>)> = ops
+            .iter()
+            .enumerate()
+            .map(|(i, op)| {
+                let remote = op.remote();
+                let (code, payload) = match op {
+                    RdmaOp::Read { .. } => (OP_READ, None),
+                    RdmaOp::Write { local, .. } => (OP_WRITE, Some(&local[..])),
+                };
+                let h = RequestHeader {
+                    op: code,
+                    len: op.len() as u32,
+                    wr_id: first + i as u64,
+                    addr: remote.addr,
+                    rkey: remote.rkey,
+                };
+                (h, payload)
+            })
+            .collect();
+        if let Err(e) = io.send(&requests) {
+            return Err(self.kill(format!("write failed: {e}")));
+        }
+        drop(requests);
+        for _ in 0..ops.len() {
+            let h = io.header_by(deadline).map_err(|e| self.rx_failed(e))?;
+            let i = h.wr_id.wrapping_sub(first) as usize;
+            if i >= ops.len() || results[i].is_some() {
+                return Err(self.kill(format!("completion for unknown work request {}", h.wr_id)));
+            }
+            let len = h.len as usize;
+            let op = &mut ops[i];
+            let r = match (h.status, op) {
+                (STATUS_OK, RdmaOp::Read { local, .. }) if len == local.len() => {
+                    io.read_exact_by(local, deadline)
+                        .map_err(|e| self.rx_failed(e))?;
+                    Ok(())
+                }
+                (STATUS_OK, RdmaOp::Read { local, .. }) => {
+                    let want = local.len();
+                    io.skip_by(len, deadline).map_err(|e| self.rx_failed(e))?;
+                    Err(FabricError::BadRequest(format!(
+                        "READ returned {len} bytes, asked for {want}"
+                    )))
+                }
+                (STATUS_OK, RdmaOp::Write { .. }) => {
+                    io.skip_by(len, deadline).map_err(|e| self.rx_failed(e))?;
+                    Ok(())
+                }
+                // The completion only says "refused"; name what was refused.
+                (STATUS_REMOTE_ACCESS, op) => {
+                    io.skip_by(len, deadline).map_err(|e| self.rx_failed(e))?;
+                    let remote = op.remote();
+                    Err(FabricError::RemoteAccess {
+                        addr: remote.addr,
+                        rkey: remote.rkey,
+                        len: op.len(),
+                    })
+                }
+                _ => {
+                    let msg = io
+                        .message_by(len, deadline)
+                        .map_err(|e| self.rx_failed(e))?;
+                    Err(FabricError::BadRequest(msg))
+                }
+            };
+            results[i] = Some(r);
+        }
+        Ok(())
+    }
+}
+
+impl TcpEndpoint {
+    /// Sends `ops` as runs of one kind, one run after another, filling `results`;
+    /// the error that ended the connection, if one did.
+    fn execute_runs(
+        &self,
+        ops: &mut [RdmaOp<'_>],
+        results: &mut [Option<Result<(), FabricError>>],
+    ) -> Result<(), FabricError> {
+        let mut io = self.take_io()?;
+        let deadline = Instant::now() + self.timeout;
+        let mut start = 0;
+        while start < ops.len() {
+            let is_read = matches!(ops[start], RdmaOp::Read { .. });
+            let len = ops[start..]
+                .iter()
+                .take(MAX_RUN)
+                .take_while(|op| matches!(op, RdmaOp::Read { .. }) == is_read)
+                .count();
+            let end = start + len;
+            self.run(
+                &mut io,
+                &mut ops[start..end],
+                &mut results[start..end],
+                deadline,
+            )?;
+            start = end;
+        }
+        Ok(())
     }
 }
 
@@ -244,59 +390,14 @@ impl Endpoint for TcpEndpoint {
             ));
             return ops.iter().map(|_| Err(e.clone())).collect();
         }
-        let slots = match self.register(ops.len()) {
-            Ok(s) => s,
-            Err(e) => return ops.iter().map(|_| Err(e.clone())).collect(),
-        };
-        let requests: Vec<(RequestHeader, Option<&[u8]>)> = ops
-            .iter()
-            .zip(&slots)
-            .map(|(op, (id, _))| {
-                let remote = op.remote();
-                let (code, payload) = match op {
-                    RdmaOp::Read { .. } => (OP_READ, None),
-                    RdmaOp::Write { local, .. } => (OP_WRITE, Some(&local[..])),
-                };
-                let h = RequestHeader {
-                    op: code,
-                    len: op.len() as u32,
-                    wr_id: *id,
-                    addr: remote.addr,
-                    rkey: remote.rkey,
-                };
-                (h, payload)
-            })
-            .collect();
-        if let Err(e) = self.post(&requests) {
-            self.forget(&slots);
-            return ops.iter().map(|_| Err(e.clone())).collect();
-        }
-        let deadline = Instant::now() + self.timeout;
-        ops.iter_mut()
-            .zip(&slots)
-            .map(|(op, (id, slot))| {
-                let remote = op.remote();
-                let len = op.len();
-                let data = self.wait(*id, slot, deadline).map_err(|e| match e {
-                    // The completion only says "refused"; name what was refused.
-                    FabricError::RemoteAccess { .. } => FabricError::RemoteAccess {
-                        addr: remote.addr,
-                        rkey: remote.rkey,
-                        len,
-                    },
-                    other => other,
-                })?;
-                if let RdmaOp::Read { local, .. } = op {
-                    if data.len() != local.len() {
-                        return Err(FabricError::BadRequest(format!(
-                            "READ returned {} bytes, asked for {}",
-                            data.len(),
-                            local.len()
-                        )));
-                    }
-                    local.copy_from_slice(&data);
-                }
-                Ok(())
+        let mut results: Vec<Option<Result<(), FabricError>>> = vec![None; ops.len()];
+        let failure = self.execute_runs(ops, &mut results);
+        results
+            .into_iter()
+            .map(|r| match (r, &failure) {
+                (Some(r), _) => r,
+                (None, Err(e)) => Err(e.clone()),
+                (None, Ok(())) => unreachable!("every operation of a finished batch completed"),
             })
             .collect()
     }
@@ -308,80 +409,105 @@ impl Endpoint for TcpEndpoint {
                 frame.len()
             )));
         }
-        let slots = self.register(1)?;
-        let (id, slot) = &slots[0];
+        let mut io = self.take_io()?;
+        let deadline = Instant::now() + self.timeout;
+        let wr_id = io.next_wr_id;
+        io.next_wr_id += 1;
         let h = RequestHeader {
             op: OP_SEND,
             len: frame.len() as u32,
-            wr_id: *id,
+            wr_id,
             addr: 0,
             rkey: 0,
         };
-        if let Err(e) = self.post(&[(h, Some(frame))]) {
-            self.forget(&slots);
-            return Err(e);
+        if let Err(e) = io.send(&[(h, Some(frame))]) {
+            return Err(self.kill(format!("write failed: {e}")));
         }
-        self.wait(*id, slot, Instant::now() + self.timeout)
+        let c = io.header_by(deadline).map_err(|e| self.rx_failed(e))?;
+        if c.wr_id != wr_id {
+            return Err(self.kill(format!("completion for unknown work request {}", c.wr_id)));
+        }
+        let len = c.len as usize;
+        match c.status {
+            STATUS_OK if len <= MAX_CONTROL_FRAME => {
+                let mut reply = vec![0u8; len];
+                io.read_exact_by(&mut reply, deadline)
+                    .map_err(|e| self.rx_failed(e))?;
+                Ok(reply)
+            }
+            STATUS_OK => Err(self.kill(format!(
+                "control reply of {len} bytes exceeds {MAX_CONTROL_FRAME}"
+            ))),
+            STATUS_REMOTE_ACCESS => {
+                io.skip_by(len, deadline).map_err(|e| self.rx_failed(e))?;
+                Err(FabricError::RemoteAccess {
+                    addr: 0,
+                    rkey: 0,
+                    len: frame.len(),
+                })
+            }
+            _ => {
+                let msg = io
+                    .message_by(len, deadline)
+                    .map_err(|e| self.rx_failed(e))?;
+                Err(FabricError::BadRequest(msg))
+            }
+        }
     }
 
     fn peer(&self) -> &str {
-        &self.shared.peer
+        &self.peer
     }
 
+    fn is_busy(&self) -> bool {
+        matches!(self.io.try_lock(), Err(TryLockError::WouldBlock))
+    }
+
+    /// No thread watches an idle connection, so this looks at the socket: a peer
+    /// that closed shows as an end of stream once every byte it sent has been read.
     fn is_connected(&self) -> bool {
-        lock(&self.shared.dead).is_none()
+        if lock(&self.dead).is_some() {
+            return false;
+        }
+        let mut byte = 0u8;
+        // SAFETY: the descriptor is this endpoint's open socket and `byte` is a valid
+        // one-byte buffer; MSG_PEEK leaves the stream as it is for the owner of `io`.
+        let n = unsafe {
+            libc::recv(
+                self.stream.as_raw_fd(),
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        let why = match n {
+            0 => "peer closed the connection".to_string(),
+            n if n > 0 => return true,
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) {
+                    return true;
+                }
+                format!("connection failed: {e}")
+            }
+        };
+        self.kill(why);
+        false
     }
 }
 
 impl Drop for TcpEndpoint {
     fn drop(&mut self) {
-        // Closing our own end is not a lost connection: say so before the reader sees
-        // the stream end, so nothing is logged as a failure.
-        lock(&self.shared.dead).get_or_insert_with(|| "closed by this side".to_string());
-        // Unblocks the reader thread, which then fails whatever is still pending.
+        // Closing our own end is not a lost connection: say so before anything could
+        // see the stream end, so nothing is logged as a failure.
+        lock(&self.dead).get_or_insert_with(|| "closed by this side".to_string());
         let _ = self.stream.shutdown(Shutdown::Both);
-        if let Some(r) = self.reader.take() {
-            let _ = r.join();
-        }
     }
 }
 
-/// The reader thread's loop. Returns why it stopped.
-fn read_completions(stream: TcpStream, shared: &Shared) -> String {
-    let mut r = BufReader::with_capacity(256 << 10, stream);
-    let mut header = [0u8; COMPLETION_HEADER_LEN];
-    loop {
-        if let Err(e) = r.read_exact(&mut header) {
-            return if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                "peer closed the connection".to_string()
-            } else {
-                format!("read failed: {e}")
-            };
-        }
-        let h = CompletionHeader::decode(&header);
-        if h.len as usize > MAX_DATA_OP.max(MAX_CONTROL_FRAME) {
-            return format!("completion claims {} bytes: stream corrupt", h.len);
-        }
-        let mut payload = vec![0u8; h.len as usize];
-        if let Err(e) = r.read_exact(&mut payload) {
-            return format!("read failed mid-completion: {e}");
-        }
-        let slot = lock(&shared.pending).remove(&h.wr_id);
-        let Some(slot) = slot else {
-            // The waiter timed out and left; drop the late completion.
-            continue;
-        };
-        let completion = match h.status {
-            STATUS_OK => Ok(payload),
-            STATUS_REMOTE_ACCESS => Err(FabricError::RemoteAccess {
-                addr: 0,
-                rkey: 0,
-                len: 0,
-            }),
-            _ => Err(FabricError::BadRequest(
-                String::from_utf8_lossy(&payload).into_owned(),
-            )),
-        };
-        slot.complete(completion);
-    }
-}
+#[cfg(test)]
+#[path = "client_tests.rs"]
+mod tests;

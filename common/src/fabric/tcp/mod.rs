@@ -4,7 +4,8 @@
 //! and SEND, by its payload. The passive side answers each request, in order, with a
 //! 16-byte completion header followed, for READ and RECV, by its payload. Requests carry
 //! a work-request id, so many can be outstanding: the client writes a whole batch,
-//! then a reader thread matches completions to waiters.
+//! then the calling thread reads the completions itself, READ payloads straight into
+//! its buffers ([`client`]).
 //!
 //! The passive side plays the NIC: a [`TcpListener`] is bound together with its
 //! [`TcpRegistry`] (the table of memory registrations, with the NIC's access checks),

@@ -78,6 +78,23 @@ impl CompletionHeader {
     }
 }
 
+/// Writes every byte of `bufs` with vectored writes (std's `write_all_vectored` is
+/// not stable yet).
+pub fn write_all_vectored<W: std::io::Write>(
+    w: &mut W,
+    mut bufs: &mut [std::io::IoSlice<'_>],
+) -> std::io::Result<()> {
+    while !bufs.is_empty() {
+        match w.write_vectored(bufs) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => std::io::IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,184 @@
+//! The client against a scripted peer: deadlines, broken and odd completions, and
+//! a peer that goes away while the connection is idle. (Well-behaved traffic is
+//! tested against the real server in `common/tests/fabric.rs`.)
+
+use super::*;
+use crate::fabric::RemoteAddr;
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+const SHORT: Duration = Duration::from_millis(300);
+
+/// A peer on loopback that plays `script` on the one connection it accepts.
+fn peer(script: impl FnOnce(TcpStream) + Send + 'static) -> (String, JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr").to_string();
+    let t = std::thread::spawn(move || {
+        let (s, _) = l.accept().expect("accept");
+        script(s);
+    });
+    (addr, t)
+}
+
+/// Reads one request and its payload.
+fn request(s: &mut TcpStream) -> RequestHeader {
+    let mut b = [0u8; REQUEST_HEADER_LEN];
+    s.read_exact(&mut b).expect("a request header");
+    let h = RequestHeader::decode(&b).expect("the request magic");
+    if h.op != OP_READ {
+        let mut payload = vec![0u8; h.len as usize];
+        s.read_exact(&mut payload).expect("the request payload");
+    }
+    h
+}
+
+fn complete(s: &mut TcpStream, wr_id: u64, status: u8, payload: &[u8]) {
+    let h = CompletionHeader {
+        wr_id,
+        status,
+        len: payload.len() as u32,
+    };
+    std::io::Write::write_all(s, &h.encode()).expect("completion header");
+    std::io::Write::write_all(s, payload).expect("completion payload");
+}
+
+fn read_op(buf: &mut [u8]) -> RdmaOp<'_> {
+    RdmaOp::Read {
+        local: buf,
+        remote: RemoteAddr { addr: 64, rkey: 9 },
+    }
+}
+
+fn read_one(ep: &TcpEndpoint, len: usize) -> Result<Vec<u8>, FabricError> {
+    let mut buf = vec![0u8; len];
+    ep.execute(&mut [read_op(&mut buf)]).remove(0).map(|()| buf)
+}
+
+#[test]
+fn a_silent_peer_times_out_and_the_connection_closes() {
+    let (addr, t) = peer(|mut s| {
+        request(&mut s);
+        // Never answers; the client's close ends this read.
+        let _ = s.read(&mut [0u8; 1]);
+    });
+    let ep = Arc::new(TcpEndpoint::connect(&addr, SHORT).expect("connect"));
+    let caller = {
+        let ep = ep.clone();
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            (read_one(&ep, 16), start.elapsed())
+        })
+    };
+    let start = Instant::now();
+    while !ep.is_busy() {
+        assert!(
+            !caller.is_finished(),
+            "the call ended before it was seen busy"
+        );
+        assert!(start.elapsed() < 10 * SHORT, "never seen busy");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (r, took) = caller.join().expect("caller");
+    assert!(
+        matches!(r, Err(FabricError::Timeout { .. })),
+        "expected a timeout, got {r:?}"
+    );
+    assert!(
+        took >= SHORT && took < 5 * SHORT,
+        "timed out after {took:?}, deadline {SHORT:?}"
+    );
+    assert!(!ep.is_connected(), "a timed-out connection is closed");
+    let start = Instant::now();
+    let r = read_one(&ep, 16);
+    assert!(
+        matches!(r, Err(FabricError::Disconnected { .. })),
+        "a later READ: {r:?}"
+    );
+    let c = ep.call(b"hi");
+    assert!(
+        matches!(c, Err(FabricError::Disconnected { .. })),
+        "a later call: {c:?}"
+    );
+    assert!(start.elapsed() < SHORT, "later calls fail at once");
+    t.join().expect("peer");
+}
+
+#[test]
+fn a_completion_for_an_unknown_request_breaks_the_connection() {
+    let (addr, t) = peer(|mut s| {
+        let h = request(&mut s);
+        complete(&mut s, h.wr_id + 1000, STATUS_OK, &[0; 16]);
+        let _ = s.read(&mut [0u8; 1]);
+    });
+    let ep = TcpEndpoint::connect(&addr, Duration::from_secs(5)).expect("connect");
+    let r = read_one(&ep, 16);
+    assert!(
+        matches!(r, Err(FabricError::Disconnected { .. })),
+        "expected the connection to break, got {r:?}"
+    );
+    assert!(!ep.is_connected());
+    t.join().expect("peer");
+}
+
+#[test]
+fn odd_completions_fail_their_operation_only() {
+    let (addr, t) = peer(|mut s| {
+        // A READ answered with too few bytes, then an error with a message, then a
+        // refusal, then a good READ: all in one batch.
+        let hs: Vec<RequestHeader> = (0..4).map(|_| request(&mut s)).collect();
+        complete(&mut s, hs[0].wr_id, STATUS_OK, &[1; 10]);
+        complete(&mut s, hs[1].wr_id, STATUS_BAD_REQUEST, b"too long");
+        complete(&mut s, hs[2].wr_id, STATUS_REMOTE_ACCESS, &[]);
+        complete(&mut s, hs[3].wr_id, STATUS_OK, &[7; 16]);
+        // The connection still works: a control call.
+        let h = request(&mut s);
+        complete(&mut s, h.wr_id, STATUS_OK, b"pong");
+        let _ = s.read(&mut [0u8; 1]);
+    });
+    let ep = TcpEndpoint::connect(&addr, Duration::from_secs(5)).expect("connect");
+    let mut bufs = vec![vec![0u8; 16]; 4];
+    let mut ops: Vec<RdmaOp> = bufs.iter_mut().map(|b| read_op(b)).collect();
+    let r = ep.execute(&mut ops);
+    drop(ops);
+    assert!(
+        matches!(&r[0], Err(FabricError::BadRequest(m)) if m.contains("10 bytes")),
+        "short READ: {:?}",
+        r[0]
+    );
+    assert_eq!(r[1], Err(FabricError::BadRequest("too long".into())));
+    assert_eq!(
+        r[2],
+        Err(FabricError::RemoteAccess {
+            addr: 64,
+            rkey: 9,
+            len: 16
+        })
+    );
+    assert_eq!(r[3], Ok(()));
+    assert_eq!(bufs[3], vec![7; 16], "the good READ's data");
+    assert_eq!(
+        ep.call(b"ping").expect("call after odd completions"),
+        b"pong"
+    );
+    assert!(ep.is_connected());
+    drop(ep);
+    t.join().expect("peer");
+}
+
+#[test]
+fn a_peer_that_closes_is_seen_while_idle() {
+    let (addr, t) = peer(drop);
+    let ep = TcpEndpoint::connect(&addr, Duration::from_secs(5)).expect("connect");
+    t.join().expect("peer");
+    let start = Instant::now();
+    while ep.is_connected() {
+        assert!(start.elapsed() < Duration::from_secs(5), "close never seen");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let r = read_one(&ep, 16);
+    assert!(
+        matches!(r, Err(FabricError::Disconnected { .. })),
+        "a READ after the close: {r:?}"
+    );
+}
