@@ -111,14 +111,8 @@ impl Io {
     }
 
     /// Reads and drops `len` bytes.
-    fn skip_by(&mut self, mut len: usize, deadline: Instant) -> Result<(), RxError> {
-        let mut scratch = [0u8; 4096];
-        while len > 0 {
-            let n = len.min(scratch.len());
-            self.read_exact_by(&mut scratch[..n], deadline)?;
-            len -= n;
-        }
-        Ok(())
+    fn skip_by(&mut self, len: usize, deadline: Instant) -> Result<(), RxError> {
+        skip(len, |b| self.read_exact_by(b, deadline))
     }
 
     /// Reads a completion's payload as an error message, keeping its start.
@@ -268,6 +262,27 @@ impl TcpEndpoint {
         }
     }
 
+    /// Reads the `len`-byte payload of an error completion with `status` and returns
+    /// the operation's error: `refused` for a remote access error, the peer's message
+    /// otherwise. Err when the connection broke meanwhile.
+    fn failed_op(
+        &self,
+        io: &mut Io,
+        status: u8,
+        len: usize,
+        refused: FabricError,
+        deadline: Instant,
+    ) -> Result<FabricError, FabricError> {
+        if status == STATUS_REMOTE_ACCESS {
+            io.skip_by(len, deadline).map_err(|e| self.rx_failed(e))?;
+            return Ok(refused);
+        }
+        let msg = io
+            .message_by(len, deadline)
+            .map_err(|e| self.rx_failed(e))?;
+        Ok(FabricError::BadRequest(msg))
+    }
+
     /// Sends one run of operations of one kind and reads their completions into
     /// `results`.
     fn run(
@@ -328,20 +343,14 @@ impl TcpEndpoint {
                     Ok(())
                 }
                 // The completion only says "refused"; name what was refused.
-                (STATUS_REMOTE_ACCESS, op) => {
-                    io.skip_by(len, deadline).map_err(|e| self.rx_failed(e))?;
+                (status, op) => {
                     let remote = op.remote();
-                    Err(FabricError::RemoteAccess {
+                    let refused = FabricError::RemoteAccess {
                         addr: remote.addr,
                         rkey: remote.rkey,
                         len: op.len(),
-                    })
-                }
-                _ => {
-                    let msg = io
-                        .message_by(len, deadline)
-                        .map_err(|e| self.rx_failed(e))?;
-                    Err(FabricError::BadRequest(msg))
+                    };
+                    Err(self.failed_op(io, status, len, refused, deadline)?)
                 }
             };
             results[i] = Some(r);
@@ -438,19 +447,13 @@ impl Endpoint for TcpEndpoint {
             STATUS_OK => Err(self.kill(format!(
                 "control reply of {len} bytes exceeds {MAX_CONTROL_FRAME}"
             ))),
-            STATUS_REMOTE_ACCESS => {
-                io.skip_by(len, deadline).map_err(|e| self.rx_failed(e))?;
-                Err(FabricError::RemoteAccess {
+            status => {
+                let refused = FabricError::RemoteAccess {
                     addr: 0,
                     rkey: 0,
                     len: frame.len(),
-                })
-            }
-            _ => {
-                let msg = io
-                    .message_by(len, deadline)
-                    .map_err(|e| self.rx_failed(e))?;
-                Err(FabricError::BadRequest(msg))
+                };
+                Err(self.failed_op(&mut io, status, len, refused, deadline)?)
             }
         }
     }

@@ -226,14 +226,8 @@ impl FrameReader {
 
     /// Reads and discards `len` bytes of a frame already begun, without buffering
     /// them whole.
-    fn skip(&mut self, mut len: usize, what: &str) -> Result<(), String> {
-        let mut scratch = [0u8; 4096];
-        while len > 0 {
-            let n = len.min(scratch.len());
-            self.rest(&mut scratch[..n], what)?;
-            len -= n;
-        }
-        Ok(())
+    fn skip(&mut self, len: usize, what: &str) -> Result<(), String> {
+        skip(len, |b| self.rest(b, what))
     }
 
     /// Reads bytes of a frame already begun; they must come within the deadline.

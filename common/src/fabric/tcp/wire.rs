@@ -78,6 +78,21 @@ impl CompletionHeader {
     }
 }
 
+/// Reads and drops `len` bytes with `read_exact`, a small piece at a time, so a
+/// large payload is never buffered whole.
+pub fn skip<E>(
+    mut len: usize,
+    mut read_exact: impl FnMut(&mut [u8]) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut scratch = [0u8; 4096];
+    while len > 0 {
+        let n = len.min(scratch.len());
+        read_exact(&mut scratch[..n])?;
+        len -= n;
+    }
+    Ok(())
+}
+
 /// Writes every byte of `bufs` with vectored writes (std's `write_all_vectored` is
 /// not stable yet).
 pub fn write_all_vectored<W: std::io::Write>(
