@@ -25,6 +25,8 @@ const MAINTAIN_INTERVAL: Duration = Duration::from_secs(1);
 const CLEAN_AHEAD_PAGES: usize = 64;
 /// How long the cleaner sleeps when the cache evicts nothing (then it checks for stop).
 const CLEANER_IDLE_WAIT: Duration = Duration::from_millis(200);
+/// How long the prefetch thread waits for a job before checking for the stop.
+const PREFETCH_IDLE_WAIT: Duration = Duration::from_millis(200);
 
 fn size_arg(s: &str) -> Result<u64, String> {
     parse_size(s)
@@ -365,6 +367,17 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         })
     };
 
+    // Loading sequential readers' next blocks while their requests are answered.
+    let prefetcher = {
+        let fs = fs.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.is_stopped() {
+                fs.prefetch_next(PREFETCH_IDLE_WAIT);
+            }
+        })
+    };
+
     // Counting copies and re-replicating, once a second.
     let maintainer = {
         let fs = fs.clone();
@@ -397,6 +410,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     signal_handle.close();
     let _ = flusher.join();
     let _ = cleaner.join();
+    let _ = prefetcher.join();
     let _ = maintainer.join();
     if let Some(t) = stats_writer {
         let _ = t.join();

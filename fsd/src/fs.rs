@@ -68,6 +68,7 @@ pub struct RmemFs {
     block_size: u64,
     /// Blocks read ahead of a sequential reader.
     readahead_blocks: u64,
+    prefetch: prefetch::Prefetcher,
     /// What the last maintenance pass counted (`repair.rs`).
     redundancy: std::sync::Mutex<Redundancy>,
 }
@@ -84,6 +85,7 @@ impl RmemFs {
             remote,
             block_size,
             readahead_blocks,
+            prefetch: Default::default(),
             redundancy: Default::default(),
         }
     }
@@ -375,10 +377,27 @@ impl RmemFs {
         // Sequential reader: load the following blocks in the same batch.
         let sequential = inode.next_read.swap(end, Ordering::Relaxed) == offset && offset > 0;
         let last_block_of_file = (size - 1) / bs;
-        let load_end = if sequential {
-            (last + 1 + self.readahead_blocks).min(last_block_of_file + 1)
-        } else {
+        let readahead_end = (last + 1 + self.readahead_blocks).min(last_block_of_file + 1);
+        let load_end = if !sequential {
+            inode.readahead_to.store(0, Ordering::Relaxed);
             last + 1
+        } else if self.prefetch.is_running() {
+            // Queue the blocks past what is queued already, to load while this
+            // request is answered.
+            let queued = inode.readahead_to.load(Ordering::Relaxed);
+            // Beyond the window: left by an earlier pass over the file.
+            let from = if queued > readahead_end {
+                last + 1
+            } else {
+                queued.max(last + 1)
+            };
+            if from < readahead_end {
+                inode.readahead_to.store(readahead_end, Ordering::Relaxed);
+                self.prefetch.push(ino, from..readahead_end);
+            }
+            last + 1
+        } else {
+            readahead_end
         };
         // The bytes of block `i` this read returns.
         let wanted = |i: u64| {
@@ -555,6 +574,7 @@ impl RmemFs {
 }
 
 mod backing;
+mod prefetch;
 mod repair;
 
 pub use repair::Redundancy;

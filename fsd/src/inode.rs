@@ -89,6 +89,8 @@ pub struct Inode {
     pub meta: Mutex<Meta>,
     /// Byte offset just past the last read, for sequential-read detection.
     pub next_read: AtomicU64,
+    /// Block index up to which a sequential reader's readahead has been queued.
+    pub readahead_to: AtomicU64,
 }
 
 impl Inode {
@@ -107,6 +109,7 @@ impl Inode {
                 released: false,
             }),
             next_read: AtomicU64::new(0),
+            readahead_to: AtomicU64::new(0),
         }
     }
 

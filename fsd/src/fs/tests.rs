@@ -389,3 +389,81 @@ fn two_writers_racing_into_a_new_block_both_land_even_if_it_is_evicted_between_t
 }
 
 mod subblock;
+
+/// A file of `blocks` blocks of pattern `seed`, written back and out of the cache
+/// from block 0 on (the cache holds only its last blocks).
+fn file_mostly_in_remote_memory(r: &Rig, blocks: u64, seed: u64) -> (Ino, Vec<u8>) {
+    let ino = new_file(&r.fs, "seq");
+    let data = pattern((blocks * BS) as usize, seed);
+    r.fs.write(ino, 0, &data).unwrap();
+    r.fs.flush_all().unwrap();
+    (ino, data)
+}
+
+#[test]
+fn a_sequential_reader_finds_its_next_blocks_loaded_in_the_background() {
+    let r = rig(16 << 20, 64 * BS, 1 << 20);
+    let (ino, data) = file_mostly_in_remote_memory(&r, 200, 3);
+    let reads = || r.fs.remote().counters.reads.load(Ordering::Relaxed);
+    // Turns background readahead on (no job is queued yet).
+    r.fs.prefetch_next(Duration::ZERO);
+    let chunk = 4 * BS as usize;
+    assert_eq!(r.fs.read(ino, 0, chunk as u32).unwrap(), data[..chunk]);
+    let before = reads();
+    // A stream now: this read loads only its own blocks and queues the next ones.
+    let second = r.fs.read(ino, chunk as u64, chunk as u32).unwrap();
+    assert_eq!(second, data[chunk..2 * chunk]);
+    let own = reads() - before;
+    assert!(own >= 1, "the second read loads its own blocks");
+    r.fs.prefetch_next(Duration::from_secs(5));
+    let prefetched = reads() - before - own;
+    assert!(prefetched >= 1, "the queued readahead was loaded");
+    let before = reads();
+    let third = r.fs.read(ino, 2 * chunk as u64, 2 * chunk as u32).unwrap();
+    assert_eq!(third, data[2 * chunk..4 * chunk]);
+    assert_eq!(reads(), before, "the next reads hit what was read ahead");
+}
+
+#[test]
+fn reads_stay_exact_while_the_prefetch_thread_races_writes_and_truncates() {
+    let r = rig(32 << 20, 48 * BS, 1 << 20);
+    let (ino, mut data) = file_mostly_in_remote_memory(&r, 300, 5);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                r.fs.prefetch_next(Duration::from_millis(5));
+            }
+        });
+        for pass in 0..6u64 {
+            // Change the file between passes: overwrite a stretch, then cut it
+            // short and grow it back (the tail reads as zeros).
+            let at = (pass * 37 % 250) * BS + 123;
+            let piece = pattern(5 * BS as usize, 100 + pass);
+            r.fs.write(ino, at, &piece).unwrap();
+            data[at as usize..at as usize + piece.len()].copy_from_slice(&piece);
+            let cut = data.len() - (pass as usize * 7 + 1) * 1000;
+            let req = SetAttr {
+                size: Some(cut as u64),
+                ..Default::default()
+            };
+            r.fs.setattr(ino, &req).unwrap();
+            let req = SetAttr {
+                size: Some(data.len() as u64),
+                ..Default::default()
+            };
+            r.fs.setattr(ino, &req).unwrap();
+            data[cut..].fill(0);
+            let mut back = Vec::with_capacity(data.len());
+            while back.len() < data.len() {
+                let got =
+                    r.fs.read(ino, back.len() as u64, 3 * BS as u32 + 100)
+                        .unwrap();
+                assert!(!got.is_empty(), "pass {pass}: short read at {}", back.len());
+                back.extend(got);
+            }
+            assert!(back == data, "pass {pass}: data read back differs");
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+}
