@@ -14,6 +14,13 @@ die() {
     exit 1
 }
 
+# A command that fails under `set -e` ends the script without a word; say which one,
+# so a failure in CI can be told from its log. (`set -E` carries the trap into
+# functions and subshells.)
+set -E
+softroce_status=0
+trap 'softroce_status=$?; printf "softroce: %s: line %s: \"%s\" failed (status %s)\n" "${0##*/}" "$LINENO" "$BASH_COMMAND" "$softroce_status" >&2' ERR
+
 # The work dir both scripts agree on: $SOFTROCE_DIR, else <cargo target dir>/softroce,
 # so `cargo clean` also drops the guest and it never lands in git.
 softroce_default_workdir() {
