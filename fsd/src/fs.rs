@@ -374,7 +374,8 @@ impl RmemFs {
         let bs = self.block_size;
         let first = offset / bs;
         let last = (end - 1) / bs;
-        // Sequential reader: load the following blocks in the same batch.
+        // A sequential reader gets the following blocks read ahead: by the prefetch
+        // thread when one runs, else in this request's own batch.
         let sequential = inode.next_read.swap(end, Ordering::Relaxed) == offset && offset > 0;
         let last_block_of_file = (size - 1) / bs;
         let readahead_end = (last + 1 + self.readahead_blocks).min(last_block_of_file + 1);
