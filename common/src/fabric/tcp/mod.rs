@@ -10,11 +10,13 @@
 //! The passive side plays the NIC: a [`TcpListener`] is bound together with its
 //! [`TcpRegistry`] (the table of memory registrations, with the NIC's access checks),
 //! then serves as a [`TcpServer`], whose connection threads execute READ and WRITE
-//! against the registry and hand SENDs to the control handler.
+//! against the registry and hand SENDs to the control handler. Payloads move between
+//! the socket and registered memory with no staging copy ([`direct`]).
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod client;
+mod direct;
 pub mod listener;
 pub mod registry;
 pub mod server;

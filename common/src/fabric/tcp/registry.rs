@@ -105,6 +105,27 @@ impl TcpRegistry {
         Err(no_key())
     }
 
+    /// Runs `io` on the start of `[addr, addr + len)` if `client` may access that
+    /// range under `rkey`, holding the table's read lock for the whole call: the
+    /// range is registered (mapped, readable and writable) until `io` returns, and
+    /// no deregistration completes before. `io` must not block (every
+    /// deregistration, and every access queued behind one, waits for it) and must
+    /// not keep the pointer. A refused access does not call `io`.
+    pub fn access<R>(
+        &self,
+        client: u64,
+        addr: u64,
+        rkey: u32,
+        len: usize,
+        io: impl FnOnce(*mut u8) -> R,
+    ) -> Result<R, AccessError> {
+        let table = self.read_table();
+        check(&table, client, addr, rkey, len)?;
+        let r = io(addr as *mut u8);
+        drop(table);
+        Ok(r)
+    }
+
     /// READ: copies `dst.len()` bytes at `addr` under `rkey` into `dst`, if `client`
     /// may.
     pub fn read(
@@ -114,29 +135,22 @@ impl TcpRegistry {
         rkey: u32,
         dst: &mut [u8],
     ) -> Result<(), AccessError> {
-        let table = self.read_table();
-        check(&table, client, addr, rkey, dst.len())?;
-        // SAFETY: `check` proved [addr, addr + dst.len()) lies inside a registration
-        // that stays in the table while we hold the read lock, so by `register`'s
-        // contract it is mapped readable memory of this process. `ptr::copy` allows
-        // the ranges to overlap, and no reference into registered memory is formed.
-        unsafe { std::ptr::copy(addr as *const u8, dst.as_mut_ptr(), dst.len()) };
-        drop(table);
-        Ok(())
+        self.access(client, addr, rkey, dst.len(), |src| {
+            // SAFETY: `access` passes the start of a checked range that stays
+            // registered during this call, so by `register`'s contract it is mapped
+            // readable memory of this process. `ptr::copy` allows the ranges to
+            // overlap, and no reference into registered memory is formed.
+            unsafe { std::ptr::copy(src, dst.as_mut_ptr(), dst.len()) }
+        })
     }
 
     /// WRITE: copies `src` to `addr` under `rkey`, if `client` may.
     pub fn write(&self, client: u64, addr: u64, rkey: u32, src: &[u8]) -> Result<(), AccessError> {
-        let table = self.read_table();
-        check(&table, client, addr, rkey, src.len())?;
-        // SAFETY: `check` proved [addr, addr + src.len()) lies inside a registration
-        // that stays in the table while we hold the read lock, so by `register`'s
-        // contract it is mapped writable memory of this process that the backend may
-        // write at any time. `ptr::copy` allows the ranges to overlap, and no
-        // reference into registered memory is formed.
-        unsafe { std::ptr::copy(src.as_ptr(), addr as *mut u8, src.len()) };
-        drop(table);
-        Ok(())
+        self.access(client, addr, rkey, src.len(), |dst| {
+            // SAFETY: as in `read`, and the memory is writable by the backend at any
+            // time (`register`'s contract).
+            unsafe { std::ptr::copy(src.as_ptr(), dst, src.len()) }
+        })
     }
 }
 

@@ -11,12 +11,14 @@
 //! error completion. Nothing a client sends can panic the server or touch another
 //! client's memory.
 
+use super::direct;
 use super::registry::TcpRegistry;
 use super::wire::*;
 use crate::fabric::{AccessError, ConnectionState, ControlHandler, Server, MAX_DATA_OP};
 use crate::protocol::MAX_CONTROL_FRAME;
-use std::io::{BufRead, BufReader, BufWriter, IoSlice, Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -31,6 +33,10 @@ pub const FRAME_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10
 /// pipelined requests share reads and their completions share writes, while most of
 /// a large payload bypasses them (one copy less each way).
 const STREAM_BUFFER: usize = 16 << 10;
+/// READ payloads from this size on go from registered memory straight to the
+/// socket; smaller ones are gathered with other completions (a copy that small
+/// costs less than a syscall of its own).
+const DIRECT_PAYLOAD: usize = 8 << 10;
 
 struct Services {
     registry: Arc<TcpRegistry>,
@@ -242,6 +248,168 @@ impl FrameReader {
             _ => format!("truncated {what}: {e}"),
         })
     }
+
+    /// Moves up to `len` bytes of a frame already begun to `dst` without waiting:
+    /// first what is buffered, then straight from the socket. Ok(0) when nothing
+    /// has arrived yet.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `len` bytes for the duration of the call.
+    unsafe fn payload_now(&mut self, dst: *mut u8, len: usize) -> std::io::Result<usize> {
+        let buffered = self.r.buffer();
+        if !buffered.is_empty() {
+            let n = buffered.len().min(len);
+            // SAFETY: `buffered` holds `n` bytes and the caller promises `dst` is
+            // writable for `len >= n` bytes; a stream buffer never overlaps it.
+            unsafe { std::ptr::copy_nonoverlapping(buffered.as_ptr(), dst, n) };
+            self.r.consume(n);
+            return Ok(n);
+        }
+        // SAFETY: as promised by the caller.
+        unsafe { direct::recv_now(self.r.get_ref().as_fd(), dst, len) }
+    }
+
+    /// WRITE: the `len`-byte payload of a frame already begun, straight from the
+    /// socket into registered memory. Each piece is moved under the registry's
+    /// checks, with the registry never held while waiting for the client; a
+    /// registration that goes away part way stops the copy and the rest of the
+    /// payload is drained. Ok(the completion status).
+    fn write_payload(
+        &mut self,
+        registry: &TcpRegistry,
+        client: u64,
+        h: &RequestHeader,
+        len: usize,
+    ) -> Result<u8, String> {
+        let truncated = |e: std::io::Error| format!("truncated WRITE payload: {e}");
+        let mut done = 0;
+        loop {
+            let addr = h.addr.wrapping_add(done as u64);
+            let moved = registry.access(client, addr, h.rkey, len - done, |dst| {
+                // SAFETY: `access` passes the start of `len - done` registered,
+                // writable bytes that stay registered during this call.
+                unsafe { self.payload_now(dst, len - done) }
+            });
+            let n = match moved {
+                Err(e) => {
+                    self.skip(len - done, "WRITE payload")?;
+                    return Ok(access_status(e));
+                }
+                Ok(r) => r.map_err(truncated)?,
+            };
+            done += n;
+            if done == len {
+                return Ok(STATUS_OK);
+            }
+            if n == 0
+                && !direct::wait_readable(self.r.get_ref().as_fd(), FRAME_TIMEOUT)
+                    .map_err(truncated)?
+            {
+                return Err(format!("WRITE payload stalled for {FRAME_TIMEOUT:?}"));
+            }
+        }
+    }
+}
+
+/// Completions on their way to the client. Small ones gather in `pending` and go
+/// out together; a large READ payload goes from registered memory straight to the
+/// socket.
+struct Outbox {
+    stream: TcpStream,
+    pending: Vec<u8>,
+    /// The part of a READ payload the socket did not take at once.
+    spill: Vec<u8>,
+}
+
+impl Outbox {
+    fn flush(&mut self) -> Result<(), String> {
+        if !self.pending.is_empty() {
+            self.stream
+                .write_all(&self.pending)
+                .map_err(|e| format!("write failed: {e}"))?;
+            self.pending.clear();
+        }
+        Ok(())
+    }
+
+    /// Queues a completion with a small payload.
+    fn complete(&mut self, wr_id: u64, status: u8, payload: &[u8]) -> Result<(), String> {
+        let h = CompletionHeader {
+            wr_id,
+            status,
+            len: payload.len() as u32,
+        };
+        self.pending.extend_from_slice(&h.encode());
+        self.pending.extend_from_slice(payload);
+        if self.pending.len() >= STREAM_BUFFER {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// READ: the completion and `len` bytes of registered memory. The bytes are
+    /// taken under the registry's checks, in one go: what the socket takes at once
+    /// comes straight from the region, the rest is copied aside under the same
+    /// check and sent after (the registry is never held while the client is slow).
+    fn complete_read(
+        &mut self,
+        registry: &TcpRegistry,
+        client: u64,
+        h: &RequestHeader,
+        len: usize,
+    ) -> Result<(), String> {
+        let header = CompletionHeader {
+            wr_id: h.wr_id,
+            status: STATUS_OK,
+            len: len as u32,
+        }
+        .encode();
+        if len < DIRECT_PAYLOAD {
+            // Copied once, into the pending completions.
+            let start = self.pending.len();
+            self.pending.extend_from_slice(&header);
+            self.pending.resize(start + header.len() + len, 0);
+            let dst = &mut self.pending[start + header.len()..];
+            if let Err(e) = registry.read(client, h.addr, h.rkey, dst) {
+                self.pending.truncate(start);
+                return self.complete(h.wr_id, access_status(e), &[]);
+            }
+            return if self.pending.len() >= STREAM_BUFFER {
+                self.flush()
+            } else {
+                Ok(())
+            };
+        }
+        let (pending, spill, stream) = (&self.pending, &mut self.spill, &self.stream);
+        let sent = registry.access(client, h.addr, h.rkey, len, |src| {
+            let head: [&[u8]; 2] = [pending, &header];
+            // SAFETY: `access` passes the start of `len` registered, readable bytes
+            // that stay registered during this call.
+            let sent = unsafe { direct::send_now(stream.as_fd(), &head, src, len) }?;
+            let payload_sent = sent.saturating_sub(pending.len() + header.len());
+            let unsent = len - payload_sent;
+            spill.clear();
+            spill.reserve(unsent);
+            // SAFETY: as above for `src`; `spill` has room for `unsent` bytes, which
+            // the copy initialises before `set_len` exposes them.
+            unsafe {
+                std::ptr::copy(src.add(payload_sent), spill.as_mut_ptr(), unsent);
+                spill.set_len(unsent);
+            }
+            Ok::<usize, std::io::Error>(sent)
+        });
+        let sent = match sent {
+            Err(e) => return self.complete(h.wr_id, access_status(e), &[]),
+            Ok(r) => r.map_err(|e| format!("write failed: {e}"))?,
+        };
+        // `spill` holds exactly the payload's unsent part, so it counts as unsent.
+        let sent_head = sent.min(self.pending.len() + header.len());
+        let mut rest = direct::after(&[&self.pending, &header, &self.spill], sent_head);
+        write_all_vectored(&mut &self.stream, &mut rest)
+            .map_err(|e| format!("write failed: {e}"))?;
+        self.pending.clear();
+        Ok(())
+    }
 }
 
 /// Serves one connection until it closes (Ok) or misbehaves (Err with the reason).
@@ -252,14 +420,18 @@ fn serve(stream: TcpStream, conn: &mut ConnectionState, s: &Services) -> Result<
         r: BufReader::with_capacity(STREAM_BUFFER, stream),
         armed: false,
     };
-    let mut w = BufWriter::with_capacity(STREAM_BUFFER, write_half);
+    let mut out = Outbox {
+        stream: write_half,
+        pending: Vec::with_capacity(STREAM_BUFFER),
+        spill: Vec::new(),
+    };
     let mut buf: Vec<u8> = Vec::new();
     let mut header = [0u8; REQUEST_HEADER_LEN];
     loop {
         // Send completions out before blocking for more requests, so pipelined
         // requests share writes but nothing sits in the buffer while we wait.
         if r.r.buffer().is_empty() {
-            w.flush().map_err(|e| format!("write failed: {e}"))?;
+            out.flush()?;
         }
         if !r.next_frame()? {
             return Ok(());
@@ -267,20 +439,17 @@ fn serve(stream: TcpStream, conn: &mut ConnectionState, s: &Services) -> Result<
         r.rest(&mut header, "request header")?;
         let h = RequestHeader::decode(&header).ok_or("bad magic: not an rmemfs client")?;
         let len = h.len as usize;
-        let (status, payload): (u8, &[u8]) = match h.op {
+        match h.op {
             OP_READ => {
                 if len > MAX_DATA_OP {
                     let msg = format!("READ of {len} bytes exceeds {MAX_DATA_OP}");
-                    complete(&mut w, h.wr_id, STATUS_BAD_REQUEST, msg.as_bytes())?;
+                    out.complete(h.wr_id, STATUS_BAD_REQUEST, msg.as_bytes())?;
                     continue;
                 }
                 // Nothing is allocated for a connection that has not said hello.
-                match client_of(conn).and_then(|c| {
-                    buf.resize(len, 0);
-                    s.registry.read(c, h.addr, h.rkey, &mut buf[..len])
-                }) {
-                    Ok(()) => (STATUS_OK, &buf[..len]),
-                    Err(e) => (access_status(e), &[]),
+                match client_of(conn) {
+                    Ok(c) => out.complete_read(&s.registry, c, &h, len)?,
+                    Err(e) => out.complete(h.wr_id, access_status(e), &[])?,
                 }
             }
             OP_WRITE => {
@@ -288,21 +457,15 @@ fn serve(stream: TcpStream, conn: &mut ConnectionState, s: &Services) -> Result<
                     // The payload cannot be skipped safely: close.
                     return Err(format!("WRITE of {len} bytes exceeds {MAX_DATA_OP}"));
                 }
-                match client_of(conn) {
-                    Ok(c) => {
-                        buf.resize(len, 0);
-                        r.rest(&mut buf[..len], "WRITE payload")?;
-                        match s.registry.write(c, h.addr, h.rkey, &buf[..len]) {
-                            Ok(()) => (STATUS_OK, &[]),
-                            Err(e) => (access_status(e), &[]),
-                        }
-                    }
+                let status = match client_of(conn) {
+                    Ok(c) => r.write_payload(&s.registry, c, &h, len)?,
                     Err(e) => {
                         // Not said hello: drain the payload in small pieces, refuse.
                         r.skip(len, "WRITE payload")?;
-                        (access_status(e), &[])
+                        access_status(e)
                     }
-                }
+                };
+                out.complete(h.wr_id, status, &[])?;
             }
             OP_SEND => {
                 if len > MAX_CONTROL_FRAME {
@@ -313,16 +476,14 @@ fn serve(stream: TcpStream, conn: &mut ConnectionState, s: &Services) -> Result<
                 buf.resize(len, 0);
                 r.rest(&mut buf[..len], "control frame")?;
                 let reply = s.control.handle(conn, &buf[..len]);
-                complete(&mut w, h.wr_id, STATUS_OK, &reply.frame)?;
+                out.complete(h.wr_id, STATUS_OK, &reply.frame)?;
                 if reply.close {
-                    let _ = w.flush();
+                    let _ = out.flush();
                     return Err("control handler closed the connection".into());
                 }
-                continue;
             }
             other => return Err(format!("unknown op {other}")),
-        };
-        complete(&mut w, h.wr_id, status, payload)?;
+        }
     }
 }
 
@@ -330,19 +491,6 @@ fn client_of(conn: &ConnectionState) -> Result<u64, AccessError> {
     conn.client.ok_or(AccessError::NotAuthenticated)
 }
 
-fn complete(
-    w: &mut BufWriter<TcpStream>,
-    wr_id: u64,
-    status: u8,
-    payload: &[u8],
-) -> Result<(), String> {
-    let h = CompletionHeader {
-        wr_id,
-        status,
-        len: payload.len() as u32,
-    };
-    let h = h.encode();
-    // Gathered in the buffer when small; a large one goes out from `payload` itself.
-    write_all_vectored(w, &mut [IoSlice::new(&h), IoSlice::new(payload)])
-        .map_err(|e| format!("write failed: {e}"))
-}
+#[cfg(test)]
+#[path = "server_tests.rs"]
+mod tests;

@@ -1,0 +1,196 @@
+//! Moving payloads between a socket and registered memory with no staging copy, the
+//! way a NIC DMAs them: the kernel copies straight into (WRITE) or out of (READ) the
+//! region.
+//!
+//! The registry lets memory be touched only while its read lock is held, and a
+//! holder must not block (a deregistration waits for it). So these calls never wait:
+//! they move what the socket can take or give now and say how much that was; the
+//! caller waits for the socket with the lock released, and checks the access again
+//! before going on.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::time::Duration;
+
+/// Receives up to `len` bytes into `dst` without waiting. Ok(0) means nothing is
+/// there yet; an end of stream is an error (a frame was cut short).
+///
+/// # Safety
+/// `dst` must be valid for writes of `len` bytes for the duration of the call.
+pub unsafe fn recv_now(fd: BorrowedFd<'_>, dst: *mut u8, len: usize) -> io::Result<usize> {
+    if len == 0 {
+        return Ok(0);
+    }
+    loop {
+        // SAFETY: the caller promises `dst` is writable for `len` bytes.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), dst.cast(), len, libc::MSG_DONTWAIT) };
+        match n {
+            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            n if n > 0 => return Ok(n as usize),
+            _ => match io::Error::last_os_error() {
+                e if e.kind() == io::ErrorKind::Interrupted => continue,
+                e if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
+                e => return Err(e),
+            },
+        }
+    }
+}
+
+/// Sends as much of `head` followed by the `len` bytes at `tail` as the socket takes
+/// now, without waiting; Ok(0) when it takes nothing. `tail` is a raw pointer so no
+/// reference to memory a peer may be writing is ever formed.
+///
+/// # Safety
+/// `tail` must be valid for reads of `len` bytes for the duration of the call.
+pub unsafe fn send_now(
+    fd: BorrowedFd<'_>,
+    head: &[&[u8]],
+    tail: *const u8,
+    len: usize,
+) -> io::Result<usize> {
+    let mut iov: Vec<libc::iovec> = head
+        .iter()
+        .map(|p| libc::iovec {
+            iov_base: p.as_ptr() as *mut libc::c_void,
+            iov_len: p.len(),
+        })
+        .collect();
+    iov.push(libc::iovec {
+        iov_base: tail as *mut libc::c_void,
+        iov_len: len,
+    });
+    // SAFETY: a zeroed msghdr is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = iov.len() as _;
+    loop {
+        // SAFETY: `msg` points at `iov`, whose entries are readable for their
+        // lengths during the call (`head` by borrow, `tail` by the caller's promise);
+        // sendmsg only reads them.
+        let n = unsafe {
+            libc::sendmsg(
+                fd.as_raw_fd(),
+                &msg,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        match io::Error::last_os_error() {
+            e if e.kind() == io::ErrorKind::Interrupted => continue,
+            e if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
+            e => return Err(e),
+        }
+    }
+}
+
+/// Waits until `fd` is readable (or closed). Ok(false) when `timeout` passes first.
+pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    loop {
+        // SAFETY: one valid pollfd.
+        match unsafe { libc::poll(&mut p, 1, ms) } {
+            0 => return Ok(false),
+            n if n > 0 => return Ok(true),
+            _ => match io::Error::last_os_error() {
+                e if e.kind() == io::ErrorKind::Interrupted => continue,
+                e => return Err(e),
+            },
+        }
+    }
+}
+
+/// The parts of `parts` left after the first `sent` bytes.
+pub fn after<'a>(parts: &[&'a [u8]], mut sent: usize) -> Vec<io::IoSlice<'a>> {
+    let mut rest = Vec::with_capacity(parts.len());
+    for p in parts {
+        let skip = sent.min(p.len());
+        sent -= skip;
+        if skip < p.len() {
+            rest.push(io::IoSlice::new(&p[skip..]));
+        }
+    }
+    rest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsFd;
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        (a, b)
+    }
+
+    #[test]
+    fn after_skips_whole_and_partial_parts() {
+        let parts: [&[u8]; 3] = [b"ab", b"cde", b"f"];
+        let rest = |n| -> Vec<Vec<u8>> { after(&parts, n).iter().map(|s| s.to_vec()).collect() };
+        assert_eq!(
+            rest(0),
+            vec![b"ab".to_vec(), b"cde".to_vec(), b"f".to_vec()]
+        );
+        assert_eq!(rest(3), vec![b"de".to_vec(), b"f".to_vec()]);
+        assert_eq!(rest(5), vec![b"f".to_vec()]);
+        assert!(rest(6).is_empty());
+    }
+
+    #[test]
+    fn recv_now_returns_zero_when_empty_and_errors_at_end_of_stream() {
+        let (mut a, b) = pair();
+        let mut buf = [0u8; 8];
+        let mut recv = || {
+            // SAFETY: `buf` is writable for 8 bytes.
+            unsafe { recv_now(b.as_fd(), buf.as_mut_ptr(), 8) }
+        };
+        assert_eq!(recv().unwrap(), 0);
+        a.write_all(b"xyz").unwrap();
+        assert!(wait_readable(b.as_fd(), Duration::from_secs(5)).unwrap());
+        assert_eq!(recv().unwrap(), 3);
+        drop(a);
+        assert!(wait_readable(b.as_fd(), Duration::from_secs(5)).unwrap());
+        assert_eq!(recv().unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
+        assert_eq!(&buf[..3], b"xyz");
+    }
+
+    #[test]
+    fn wait_readable_times_out_on_a_silent_socket() {
+        let (_a, b) = pair();
+        assert!(!wait_readable(b.as_fd(), Duration::from_millis(20)).unwrap());
+    }
+
+    #[test]
+    fn send_now_stops_when_the_peer_does_not_read_and_loses_nothing() {
+        let (a, mut b) = pair();
+        let chunk = vec![7u8; 1 << 20];
+        let mut sent = 0;
+        // A peer that reads nothing fills the socket buffers: the sends stop short.
+        loop {
+            // SAFETY: `chunk` is readable for its length.
+            let n = unsafe { send_now(a.as_fd(), &[b"h"], chunk.as_ptr(), chunk.len()) }.unwrap();
+            if n == 0 {
+                break;
+            }
+            sent += n;
+            assert!(sent < 256 << 20, "the socket never filled");
+        }
+        drop(a);
+        let mut got = Vec::new();
+        b.read_to_end(&mut got).unwrap();
+        assert_eq!(got.len(), sent);
+        // Each send put "h" then bytes of the chunk, never the chunk short of its head.
+        assert_eq!(got[0], b'h');
+        assert!(got.iter().all(|&x| x == 7 || x == b'h'));
+    }
+}
