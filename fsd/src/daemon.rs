@@ -3,15 +3,14 @@
 
 use crate::fs::{Caller, RmemFs};
 use crate::fuse::FuseAdapter;
+use crate::mount::Mounted;
 use crate::remote::{Connector, RemoteConfig, RemoteStore, MAX_REPLICAS};
 use crate::stats::Snapshot;
 use anyhow::{bail, Context};
 use clap::Parser;
 use rmemfs_common::fabric::{self, Transport};
 use rmemfs_common::size::{format_size, parse_size};
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -182,22 +181,6 @@ impl StopSignal {
     }
 }
 
-/// Detaches the mount when fuser's own unmount fails (e.g. busy): the kernel lets
-/// go of it once the last user does, and the session ends now.
-fn lazy_unmount(mountpoint: &Path) {
-    let status = std::process::Command::new("fusermount3")
-        .arg("-u")
-        .arg("-z")
-        .arg(mountpoint)
-        .status();
-    if !matches!(status, Ok(s) if s.success()) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(mountpoint)
-            .status();
-    }
-}
-
 /// Runs fsd until it is unmounted or signalled.
 pub fn run(opts: Options) -> anyhow::Result<()> {
     opts.validate()?;
@@ -274,71 +257,25 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         format_size(opts.block_size)
     );
 
-    let mut config = fuser::Config::default();
-    config.mount_options = vec![
-        fuser::MountOption::FSName("rmemfs".into()),
-        fuser::MountOption::Subtype("rmemfs".into()),
-        fuser::MountOption::DefaultPermissions,
-    ];
-    if owner.uid == 0 {
-        config.acl = fuser::SessionACL::All;
-        // As a local filesystem mounted by root: setuid bits and device nodes work
-        // (FUSE mounts default to nosuid,nodev).
-        config
-            .mount_options
-            .extend([fuser::MountOption::Suid, fuser::MountOption::Dev]);
-    }
-    config.n_threads = Some(opts.threads);
-    config.clone_fd = true;
-
-    // Handlers go in before mounting: a SIGTERM that comes as soon as the mount is
-    // visible (a script that mounts and stops at once) is queued for the thread below
-    // instead of killing fsd with the default action and leaving the mount behind.
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ])
-    .context("installing signal handlers")?;
-    let mut session = fuser::Session::new(FuseAdapter::new(fs.clone()), &opts.mountpoint, &config)
-        .with_context(|| format!("mounting on {}", opts.mountpoint.display()))?;
-    let mut unmounter = session.unmount_callable();
-    println!("fsd mounted {}", opts.mountpoint.display());
-    let _ = std::io::stdout().flush();
+    let config = crate::mount::config("rmemfs", opts.threads, owner.uid == 0);
+    // A second signal: write back what can be and exit; files still open on the
+    // detached mount then fail with ENOTCONN.
+    let last_resort = {
+        let fs = fs.clone();
+        move || fs.shutdown()
+    };
+    let mounted = Mounted::new(
+        FuseAdapter::new(fs.clone()),
+        &opts.mountpoint,
+        &config,
+        "fsd",
+        last_resort,
+    )?;
 
     let stop = Arc::new(StopSignal {
         stopped: Mutex::new(false),
         cv: Condvar::new(),
     });
-    let session_over = Arc::new(AtomicBool::new(false));
-    let signal_handle = signals.handle();
-    let mountpoint = opts.mountpoint.clone();
-    let signal_thread = {
-        let session_over = session_over.clone();
-        let fs = fs.clone();
-        std::thread::spawn(move || {
-            let mut signals = signals.forever();
-            let Some(sig) = signals.next() else { return };
-            if session_over.load(Ordering::SeqCst) {
-                return;
-            }
-            log::info!("signal {sig}: unmounting {}", mountpoint.display());
-            if let Err(e) = unmounter.unmount() {
-                // Busy: detach now; the session ends when the last open file closes.
-                log::warn!(
-                    "unmount failed ({e}); detached lazily, serving open files until \
-                     they close (signal again to exit now)"
-                );
-                lazy_unmount(&mountpoint);
-            }
-            // A second signal: write back what can be and exit; files still open on
-            // the detached mount then fail with ENOTCONN.
-            if signals.next().is_some() && !session_over.load(Ordering::SeqCst) {
-                log::warn!("second signal: writing back and exiting");
-                fs.shutdown();
-                std::process::exit(0);
-            }
-        })
-    };
     let flusher = {
         let fs = fs.clone();
         let stop = stop.clone();
@@ -404,10 +341,8 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         })
     });
 
-    let result = session.run();
-    session_over.store(true, Ordering::SeqCst);
+    let result = mounted.run();
     stop.stop();
-    signal_handle.close();
     let _ = flusher.join();
     let _ = cleaner.join();
     let _ = prefetcher.join();
@@ -415,10 +350,9 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     if let Some(t) = stats_writer {
         let _ = t.join();
     }
-    let _ = signal_thread.join();
     // destroy() ran if the kernel said goodbye; shutting down twice is harmless.
     fs.shutdown();
-    result.context("FUSE session")?;
+    result?;
     log::info!("unmounted {}", opts.mountpoint.display());
     Ok(())
 }

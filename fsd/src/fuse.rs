@@ -19,9 +19,16 @@ use std::time::{Duration, SystemTime};
 
 /// How long the kernel may cache attributes and entries. Every change goes through
 /// this mount, so the kernel's view cannot go stale behind its back.
-const TTL: Duration = Duration::from_secs(1);
+pub const TTL: Duration = Duration::from_secs(1);
 /// Largest write the kernel sends in one request.
 const MAX_WRITE: u32 = 1 << 20;
+
+/// What fsd asks of the kernel at init: requests of up to 1 MiB (the kernel may
+/// grant less readahead).
+pub fn configure_kernel(config: &mut KernelConfig) {
+    let _ = config.set_max_write(MAX_WRITE);
+    let _ = config.set_max_readahead(MAX_WRITE);
+}
 
 /// The one errno table.
 pub fn errno(e: &FsError) -> Errno {
@@ -131,7 +138,7 @@ fn empty(r: Result<(), FsError>, reply: ReplyEmpty) {
 /// direct write, and shared mappings allowed. FOPEN_DIRECT_IO would bypass that path:
 /// without FUSE_DIRECT_IO_ALLOW_MMAP (kernel 6.6 and later) the kernel refuses a shared
 /// mmap of such a handle with ENODEV, which no local filesystem does.
-const FOPEN_FLAGS: FopenFlags = FopenFlags::empty();
+pub const FOPEN_FLAGS: FopenFlags = FopenFlags::empty();
 
 fn xattr_reply(r: Result<Vec<u8>, FsError>, size: u32, reply: ReplyXattr) {
     match r {
@@ -156,8 +163,7 @@ fn allocate_mode(mode: i32) -> Result<Allocate, Errno> {
 
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let _ = config.set_max_write(MAX_WRITE);
-        let _ = config.set_max_readahead(MAX_WRITE);
+        configure_kernel(config);
         Ok(())
     }
 

@@ -6,7 +6,8 @@
 //! - [`remote`]: memnode connections, block placement and batched block I/O.
 //! - [`fuse`]: the thin fuser adapter, the only place errno appears.
 //! - [`stats`]: counters of remote traffic and of the cache, written for benchmarks.
-//! - [`daemon`]: startup, mount, periodic flushing, clean shutdown on signals.
+//! - [`mount`]: the mount options, and serving until unmounted or signalled.
+//! - [`daemon`]: startup, periodic flushing, write-back and shutdown.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod cache;
@@ -15,6 +16,7 @@ pub mod error;
 pub mod fs;
 pub mod fuse;
 pub mod inode;
+pub mod mount;
 pub mod namespace;
 pub mod remote;
 pub mod stats;

@@ -1,0 +1,56 @@
+//! `nullfs MOUNTPOINT [--threads N]`: a FUSE filesystem that keeps no data, for the
+//! benchmark only. It measures the ceiling FUSE itself puts on any FUSE filesystem on
+//! this host: writes are dropped (the file only grows), reads return zeros from one
+//! static buffer, and the namespace is a flat directory in memory.
+//!
+//! A fair ceiling for fsd because everything FUSE-side is the same, taken from fsd
+//! itself: the same fuser, init settings (`fsd::fuse::configure_kernel`), entry and
+//! attribute TTL, open flags (through the page cache), mount options and number of
+//! request loops (`fsd::mount`), and the same kind of answer to the getxattr the
+//! kernel sends before every write(2). The only work left is FUSE's own: the
+//! kernel's copies and the round trips to this process.
+
+mod fuse;
+mod namespace;
+
+use anyhow::bail;
+use clap::Parser;
+use std::path::PathBuf;
+
+/// A FUSE filesystem that keeps no data: the FUSE ceiling, for benchmarks.
+#[derive(Debug, Parser)]
+#[command(name = "nullfs", version)]
+struct Options {
+    /// Where to mount (an existing directory). Runs in the foreground until
+    /// unmounted or sent SIGTERM/SIGINT.
+    mountpoint: PathBuf,
+    /// FUSE request loops running at once (as fsd's --threads).
+    #[arg(long, default_value_t = 4,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    threads: usize,
+}
+
+fn run(opts: Options) -> anyhow::Result<()> {
+    if !opts.mountpoint.is_dir() {
+        bail!(
+            "mountpoint {} is not a directory",
+            opts.mountpoint.display()
+        );
+    }
+    // SAFETY: geteuid/getegid have no preconditions and cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let config = fsd::mount::config("nullfs", opts.threads, uid == 0);
+    let fs = fuse::NullFs::new(uid, gid);
+    fsd::mount::Mounted::new(fs, &opts.mountpoint, &config, "nullfs", || {})?.run()?;
+    log::info!("unmounted {}", opts.mountpoint.display());
+    Ok(())
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let opts = Options::parse();
+    if let Err(e) = run(opts) {
+        eprintln!("nullfs: {e:#}");
+        std::process::exit(1);
+    }
+}
