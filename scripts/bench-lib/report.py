@@ -8,8 +8,11 @@ separated line each:
 
 (status "ok" or a short failure text; the memory columns are "-" except for rmemfs).
 This script reads those fio outputs, prints the run's settings and one table (MB/s,
-IOPS, p99 latency, and rmemfs's throughput divided by each baseline's), writes all of
-it as JSON, and draws a bar chart with gnuplot. It reports; it never judges timings.
+IOPS, p99 latency, and rmemfs's throughput divided by each baseline's: tmpfs, the
+local-memory ceiling; sshfs to a tmpfs; nullfs, a FUSE filesystem that keeps no data,
+the FUSE ceiling), writes all of it as JSON, and draws a bar chart with gnuplot. Any
+subset of the targets works (scripts/bench --only). It reports; it never judges
+timings.
 Standard library only, so a stock python3 runs it.
 """
 
@@ -23,8 +26,9 @@ import subprocess
 import sys
 import time
 
-BASELINES = ("tmpfs", "sshfs")
-COLORS = {"rmemfs": "#d95f02", "tmpfs": "#7f7f7f", "sshfs": "#1f78b4"}
+# What rmemfs is divided by, in the order of the table's and the chart's ratios.
+BASELINES = ("tmpfs", "sshfs", "nullfs")
+COLORS = {"rmemfs": "#d95f02", "tmpfs": "#7f7f7f", "sshfs": "#1f78b4", "nullfs": "#33a02c"}
 
 
 def parse_args():
@@ -256,14 +260,19 @@ def print_header(doc):
         print(f"  rmemfs: {s.get('memnodes')} memnode on 127.0.0.1, {s.get('fabric')} fabric, "
               f"{mib(s.get('memnode_size_bytes'))}; fsd --cache {s.get('cache')} "
               f"--block-size {s.get('block_size')}{' ' + extra if extra else ''}")
+    if "nullfs" in doc["targets"]:
+        threads = s.get("nullfs_threads")
+        threads = ("its default --threads" if threads in (None, "default")
+                   else f"--threads {threads}")
+        print(f"  nullfs: no data, fsd's FUSE settings, {threads}")
     print(f"  fio: {s.get('ioengine')}, {s.get('runtime_s')} s per job after a "
           f"{s.get('ramp_s')} s ramp, file {s.get('size')}, in-cache file "
           f"{s.get('incache_size')}, page cache dropped before each run: "
           f"{'yes' if s.get('drop_caches') is True else 'no'}")
     if doc["fio_extra_args"]:
         print(f"  extra fio options: {' '.join(doc['fio_extra_args'])}")
-    versions = [s[k] for k in ("fsd_version", "fio_version", "sshfs_version", "sshd_version")
-                if k in s]
+    versions = [s[k] for k in ("fsd_version", "nullfs_version", "fio_version", "sshfs_version",
+                               "sshd_version") if k in s]
     print(f"  versions: {'; '.join(str(v) for v in versions)}")
 
 
@@ -358,12 +367,14 @@ def print_traffic(doc):
 
 def ratio_labels(doc, job):
     """What the chart prints under a job's name: rmemfs's throughput over each
-    baseline's, as one quoted column per baseline (empty ones last)."""
+    baseline's, as one quoted column per compared baseline (empty ones last; none
+    without rmemfs)."""
+    bases = compared_baselines(doc)
     ratio = doc["ratios"].get(job, {})
-    labels = [f"{fmt_ratio(ratio[f'vs_{b}'])} {b}" for b in BASELINES if f"vs_{b}" in ratio]
+    labels = [f"{fmt_ratio(ratio[f'vs_{b}'])} {b}" for b in bases if f"vs_{b}" in ratio]
     if labels:
         labels[0] = "rmemfs: " + labels[0]
-    labels += [""] * (len(BASELINES) - len(labels))
+    labels += [""] * (len(bases) - len(labels))
     return " ".join(f'"{label}"' for label in labels)
 
 
@@ -379,8 +390,8 @@ def write_chart(doc, chart, script, data_dir):
     values = {"bw": [], "lat": []}
     for kind, path in files.items():
         with open(path, "w", encoding="utf-8") as f:
-            f.write("job " + " ".join(targets) + " " +
-                    " ".join(f"vs_{b}" for b in BASELINES) + "\n")
+            f.write(" ".join(["job"] + targets +
+                             [f"vs_{b}" for b in compared_baselines(doc)]) + "\n")
             for job in doc["jobs"]:
                 cells = []
                 for t in targets:
@@ -391,7 +402,7 @@ def write_chart(doc, chart, script, data_dir):
                     if v is not None and v > 0:
                         values[kind].append(v)
                     cells.append(f"{v:.6g}" if v else "-")
-                f.write(f"{job} " + " ".join(cells) + f" {ratio_labels(doc, job)}\n")
+                f.write(" ".join([job] + cells + [ratio_labels(doc, job)]).rstrip() + "\n")
 
     def scale(vals):
         # Log scale once bars differ by more than 20x: tmpfs would flatten the rest.
@@ -406,7 +417,8 @@ def write_chart(doc, chart, script, data_dir):
         print(f"report: no run succeeded, so no chart ({chart})", file=sys.stderr)
         return False
     cmd = ["gnuplot", "-c", script, chart, files["bw"], files["lat"], str(len(targets)),
-           colors, scale(values["bw"]), scale(values["lat"]), title]
+           colors, scale(values["bw"]), scale(values["lat"]), title,
+           str(len(compared_baselines(doc)))]
     if subprocess.run(cmd, check=False).returncode != 0:
         print(f"report: gnuplot failed to draw {chart} from {data_dir}", file=sys.stderr)
         return False
