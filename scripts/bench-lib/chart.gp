@@ -41,13 +41,13 @@ spacing = 0.08 + 0.03 * m
 set multiplot layout 2,1 title ARG8 noenhanced margins 0.06,0.88,0.06,0.93 spacing 0,spacing
 
 set title "throughput, MB/s (higher is better)"
-if (ARG6 eq "log") { set logscale y } else { unset logscale y }
-set yrange [*:*]
+# A linear axis starts at 0, or a small difference would look large.
+if (ARG6 eq "log") { set logscale y; set yrange [*:*] } else { unset logscale y; set yrange [0:*] }
 plot for [i=2:n+1] bw using i:xtic(stringcolumn(1).ratio_lines(n+2)) \
     title columnheader(i) lc rgb word(colors, i-1)
 
 set title "p99 latency, us (lower is better)"
-if (ARG7 eq "log") { set logscale y } else { unset logscale y }
+if (ARG7 eq "log") { set logscale y; set yrange [*:*] } else { unset logscale y; set yrange [0:*] }
 plot for [i=2:n+1] lat using i:xtic(1) title columnheader(i) lc rgb word(colors, i-1)
 
 unset multiplot
