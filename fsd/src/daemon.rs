@@ -70,6 +70,12 @@ pub struct Options {
     /// FUSE request loops running at once.
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
+    /// Turn extended attributes off: every xattr call then fails with EOPNOTSUPP,
+    /// as on a filesystem without them. Makes small writes faster: with attributes
+    /// on, the kernel asks fsd for "security.capability" before every write(2),
+    /// a FUSE round trip of its own.
+    #[arg(long)]
+    pub no_xattrs: bool,
     /// Data connections per memnode.
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
@@ -265,7 +271,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         move || fs.shutdown()
     };
     let mounted = Mounted::new(
-        FuseAdapter::new(fs.clone()),
+        FuseAdapter::new(fs.clone(), !opts.no_xattrs),
         &opts.mountpoint,
         &config,
         "fsd",

@@ -101,12 +101,20 @@ fn set_time(t: TimeOrNow) -> SetTime {
 pub struct FuseAdapter {
     fs: Arc<RmemFs>,
     block_size: u32,
+    xattrs: bool,
 }
 
 impl FuseAdapter {
-    pub fn new(fs: Arc<RmemFs>) -> FuseAdapter {
+    /// `xattrs`: false answers every xattr request ENOSYS, which the kernel takes as
+    /// "no extended attributes here": it stops sending them (the getxattr before
+    /// every write included) and fails the calls with EOPNOTSUPP.
+    pub fn new(fs: Arc<RmemFs>, xattrs: bool) -> FuseAdapter {
         let block_size = fs.remote().block_size().min(u32::MAX as u64) as u32;
-        FuseAdapter { fs, block_size }
+        FuseAdapter {
+            fs,
+            block_size,
+            xattrs,
+        }
     }
 
     fn entry(&self, r: Result<Attr, FsError>, reply: ReplyEntry) {
@@ -459,18 +467,30 @@ impl Filesystem for FuseAdapter {
             create: flags & libc::XATTR_CREATE != 0,
             replace: flags & libc::XATTR_REPLACE != 0,
         };
+        if !self.xattrs {
+            return reply.error(Errno::ENOSYS);
+        }
         empty(self.fs.setxattr(ino.0, name, value, mode), reply);
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if !self.xattrs {
+            return reply.error(Errno::ENOSYS);
+        }
         xattr_reply(self.fs.getxattr(ino.0, name), size, reply);
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        if !self.xattrs {
+            return reply.error(Errno::ENOSYS);
+        }
         xattr_reply(self.fs.listxattr(ino.0), size, reply);
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if !self.xattrs {
+            return reply.error(Errno::ENOSYS);
+        }
         empty(self.fs.removexattr(ino.0, name), reply);
     }
 

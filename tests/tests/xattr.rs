@@ -239,3 +239,24 @@ fn xattr_changes_update_ctime_and_keep_mtime() {
         "removexattr must change ctime"
     );
 }
+
+#[test]
+fn with_no_xattrs_every_xattr_call_fails_with_eopnotsupp_and_files_still_work() {
+    let memnode = MemnodeProc::start("64M");
+    let fsd = FsdMount::with_memnode(&memnode, &["--cache", "2M", "--no-xattrs"]);
+    let f = fsd.join("f");
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    fs::write(&f, &data).expect("write");
+    // Twice each: the second call is answered by the kernel, which remembers.
+    for _ in 0..2 {
+        assert_errno(setxattr(&f, "user.a", b"1", 0), libc::EOPNOTSUPP, "set");
+        assert_errno(getxattr(&f, "user.a", 64), libc::EOPNOTSUPP, "get");
+        assert_errno(listxattr(&f, 64), libc::EOPNOTSUPP, "list");
+        assert_errno(removexattr(&f, "user.a"), libc::EOPNOTSUPP, "remove");
+    }
+    fs::write(&f, &data[..1000]).expect("rewrite");
+    assert!(
+        fs::read(&f).expect("read") == data[..1000],
+        "the data reads back"
+    );
+}
