@@ -101,6 +101,19 @@ impl NullFs {
     fn ns(&self) -> MutexGuard<'_, Namespace> {
         self.ns.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// A new regular file owned by the caller (mknod and create).
+    fn create_file(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        perm: u32,
+    ) -> Result<Attr, Error> {
+        let (uid, gid) = (req.uid(), req.gid());
+        self.ns()
+            .create(parent.0, name, perm, uid, gid, SystemTime::now())
+    }
 }
 
 impl Filesystem for NullFs {
@@ -164,14 +177,7 @@ impl Filesystem for NullFs {
         if !matches!(mode & libc::S_IFMT, libc::S_IFREG | 0) {
             return reply.error(Errno::EPERM); // regular files only
         }
-        let r = self.ns().create(
-            parent.0,
-            name,
-            mode & !umask,
-            req.uid(),
-            req.gid(),
-            SystemTime::now(),
-        );
+        let r = self.create_file(req, parent, name, mode & !umask);
         entry(r, reply);
     }
 
@@ -204,14 +210,7 @@ impl Filesystem for NullFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let r = self.ns().create(
-            parent.0,
-            name,
-            mode & !umask,
-            req.uid(),
-            req.gid(),
-            SystemTime::now(),
-        );
+        let r = self.create_file(req, parent, name, mode & !umask);
         match r {
             Ok(a) => reply.created(
                 &TTL,
