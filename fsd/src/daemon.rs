@@ -2,7 +2,7 @@
 //! one), mounting, the periodic flusher, and clean shutdown on SIGINT/SIGTERM.
 
 use crate::fs::{Caller, RmemFs};
-use crate::fuse::FuseAdapter;
+use crate::fuse::{CacheMode, FuseAdapter, MountChoices};
 use crate::mount::Mounted;
 use crate::remote::{Connector, RemoteConfig, RemoteStore, MAX_REPLICAS};
 use crate::stats::Snapshot;
@@ -76,6 +76,12 @@ pub struct Options {
     /// a FUSE round trip of its own.
     #[arg(long)]
     pub no_xattrs: bool,
+    /// Bypass the kernel's page cache: every read and write goes to fsd, whose
+    /// --cache is then the only copy in local memory. Streams run faster and the
+    /// page cache does not fill with the mount's data; re-reads the page cache would
+    /// have answered cost a round trip to fsd. Shared mmap needs Linux 6.6.
+    #[arg(long)]
+    pub direct_io: bool,
     /// Data connections per memnode.
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
@@ -271,7 +277,17 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         move || fs.shutdown()
     };
     let mounted = Mounted::new(
-        FuseAdapter::new(fs.clone(), !opts.no_xattrs),
+        FuseAdapter::new(
+            fs.clone(),
+            MountChoices {
+                xattrs: !opts.no_xattrs,
+                cache: if opts.direct_io {
+                    CacheMode::Direct
+                } else {
+                    CacheMode::PageCache
+                },
+            },
+        ),
         &opts.mountpoint,
         &config,
         "fsd",

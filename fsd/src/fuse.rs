@@ -7,7 +7,7 @@ use crate::fs::{Allocate, Caller, RmemFs, Seek, SetAttr, SetTime, SetXattrMode};
 use crate::inode::{Attr, FileKind};
 use crate::namespace::RenameMode;
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, TimeOrNow, WriteFlags,
@@ -24,10 +24,21 @@ pub const TTL: Duration = Duration::from_secs(1);
 const MAX_WRITE: u32 = 1 << 20;
 
 /// What fsd asks of the kernel at init: requests of up to 1 MiB (the kernel may
-/// grant less readahead).
-pub fn configure_kernel(config: &mut KernelConfig) {
+/// grant less readahead), and with [`CacheMode::Direct`] shared mappings of handles
+/// that bypass the page cache.
+pub fn configure_kernel(config: &mut KernelConfig, cache: CacheMode) {
     let _ = config.set_max_write(MAX_WRITE);
     let _ = config.set_max_readahead(MAX_WRITE);
+    if cache == CacheMode::Direct
+        && config
+            .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+            .is_err()
+    {
+        log::warn!(
+            "this kernel cannot map files of a direct-I/O mount shared \
+             (FUSE_DIRECT_IO_ALLOW_MMAP, Linux 6.6): mmap(MAP_SHARED) fails with ENODEV"
+        );
+    }
 }
 
 /// The one errno table.
@@ -98,22 +109,29 @@ fn set_time(t: TimeOrNow) -> SetTime {
     }
 }
 
+/// What fsd's command line chooses about the mount.
+#[derive(Clone, Copy, Debug)]
+pub struct MountChoices {
+    /// False answers every xattr request ENOSYS, which the kernel takes as "no
+    /// extended attributes here": it stops sending them (the getxattr before every
+    /// write included) and fails the calls with EOPNOTSUPP.
+    pub xattrs: bool,
+    pub cache: CacheMode,
+}
+
 pub struct FuseAdapter {
     fs: Arc<RmemFs>,
     block_size: u32,
-    xattrs: bool,
+    choices: MountChoices,
 }
 
 impl FuseAdapter {
-    /// `xattrs`: false answers every xattr request ENOSYS, which the kernel takes as
-    /// "no extended attributes here": it stops sending them (the getxattr before
-    /// every write included) and fails the calls with EOPNOTSUPP.
-    pub fn new(fs: Arc<RmemFs>, xattrs: bool) -> FuseAdapter {
+    pub fn new(fs: Arc<RmemFs>, choices: MountChoices) -> FuseAdapter {
         let block_size = fs.remote().block_size().min(u32::MAX as u64) as u32;
         FuseAdapter {
             fs,
             block_size,
-            xattrs,
+            choices,
         }
     }
 
@@ -139,14 +157,35 @@ fn empty(r: Result<(), FsError>, reply: ReplyEmpty) {
     }
 }
 
-/// How every handle is served: through the kernel's page cache, O_DIRECT ones included.
-/// The kernel itself sends an O_DIRECT handle's reads and writes straight to fsd (its
-/// generic direct-I/O path), and with it gives what a local filesystem gives: dirty
-/// pages of the range written back before a direct read, cached pages dropped after a
-/// direct write, and shared mappings allowed. FOPEN_DIRECT_IO would bypass that path:
-/// without FUSE_DIRECT_IO_ALLOW_MMAP (kernel 6.6 and later) the kernel refuses a shared
-/// mmap of such a handle with ENODEV, which no local filesystem does.
-pub const FOPEN_FLAGS: FopenFlags = FopenFlags::empty();
+/// How file handles are served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheMode {
+    /// Through the kernel's page cache, O_DIRECT handles included: the kernel itself
+    /// sends an O_DIRECT handle's reads and writes straight to fsd (its generic
+    /// direct-I/O path), and with it gives what a local filesystem gives: dirty pages
+    /// of the range written back before a direct read, cached pages dropped after a
+    /// direct write, and shared mappings allowed. Reads the page cache holds never
+    /// reach fsd.
+    PageCache,
+    /// Every handle bypasses the page cache (FOPEN_DIRECT_IO, fsd --direct-io): each
+    /// read and write is a request to fsd, of the size the program asked for. The
+    /// data is cached once, in fsd's cache, rather than also in the kernel's, and
+    /// streams cost less (no page cache to fill and drop); reads the page cache would
+    /// have answered cost a round trip to fsd. Shared mappings need
+    /// FUSE_DIRECT_IO_ALLOW_MMAP (Linux 6.6); without it the kernel refuses them with
+    /// ENODEV.
+    Direct,
+}
+
+impl CacheMode {
+    /// The flags of an open file's reply.
+    pub fn fopen_flags(self) -> FopenFlags {
+        match self {
+            CacheMode::PageCache => FopenFlags::empty(),
+            CacheMode::Direct => FopenFlags::FOPEN_DIRECT_IO,
+        }
+    }
+}
 
 fn xattr_reply(r: Result<Vec<u8>, FsError>, size: u32, reply: ReplyXattr) {
     match r {
@@ -171,7 +210,7 @@ fn allocate_mode(mode: i32) -> Result<Allocate, Errno> {
 
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        configure_kernel(config);
+        configure_kernel(config, self.choices.cache);
         Ok(())
     }
 
@@ -324,7 +363,7 @@ impl Filesystem for FuseAdapter {
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(ino.0) {
-            Ok(_) => reply.opened(FileHandle(0), FOPEN_FLAGS),
+            Ok(_) => reply.opened(FileHandle(0), self.choices.cache.fopen_flags()),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -467,28 +506,28 @@ impl Filesystem for FuseAdapter {
             create: flags & libc::XATTR_CREATE != 0,
             replace: flags & libc::XATTR_REPLACE != 0,
         };
-        if !self.xattrs {
+        if !self.choices.xattrs {
             return reply.error(Errno::ENOSYS);
         }
         empty(self.fs.setxattr(ino.0, name, value, mode), reply);
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        if !self.xattrs {
+        if !self.choices.xattrs {
             return reply.error(Errno::ENOSYS);
         }
         xattr_reply(self.fs.getxattr(ino.0, name), size, reply);
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        if !self.xattrs {
+        if !self.choices.xattrs {
             return reply.error(Errno::ENOSYS);
         }
         xattr_reply(self.fs.listxattr(ino.0), size, reply);
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        if !self.xattrs {
+        if !self.choices.xattrs {
             return reply.error(Errno::ENOSYS);
         }
         empty(self.fs.removexattr(ino.0, name), reply);
@@ -510,7 +549,7 @@ impl Filesystem for FuseAdapter {
                 &file_attr(&a, self.block_size),
                 Generation(0),
                 FileHandle(0),
-                FOPEN_FLAGS,
+                self.choices.cache.fopen_flags(),
             ),
             Err(e) => reply.error(errno(&e)),
         }

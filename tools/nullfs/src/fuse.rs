@@ -13,7 +13,7 @@ use std::ffi::OsStr;
 use std::sync::{Mutex, MutexGuard};
 use std::time::SystemTime;
 
-use fsd::fuse::{FOPEN_FLAGS, TTL};
+use fsd::fuse::{CacheMode, TTL};
 
 /// st_blksize, fsd's default block size (what tools that size their I/O by it see).
 const BLKSIZE: u32 = 64 << 10;
@@ -88,13 +88,16 @@ fn attr(r: Result<Attr, Error>, reply: ReplyAttr) {
 
 pub struct NullFs {
     ns: Mutex<Namespace>,
+    cache: CacheMode,
 }
 
 impl NullFs {
-    /// An empty root directory owned by `uid:gid`.
-    pub fn new(uid: u32, gid: u32) -> NullFs {
+    /// An empty root directory owned by `uid:gid`, its files served as fsd serves
+    /// them with the same `cache` mode.
+    pub fn new(uid: u32, gid: u32, cache: CacheMode) -> NullFs {
         NullFs {
             ns: Mutex::new(Namespace::new(uid, gid, SystemTime::now())),
+            cache,
         }
     }
 
@@ -118,7 +121,7 @@ impl NullFs {
 
 impl Filesystem for NullFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        fsd::fuse::configure_kernel(config);
+        fsd::fuse::configure_kernel(config, self.cache);
         Ok(())
     }
 
@@ -217,7 +220,7 @@ impl Filesystem for NullFs {
                 &file_attr(&a),
                 Generation(0),
                 FileHandle(0),
-                FOPEN_FLAGS,
+                self.cache.fopen_flags(),
             ),
             Err(e) => reply.error(errno(e)),
         }
@@ -225,7 +228,7 @@ impl Filesystem for NullFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.ns().getattr(ino.0) {
-            Ok(_) => reply.opened(FileHandle(0), FOPEN_FLAGS),
+            Ok(_) => reply.opened(FileHandle(0), self.cache.fopen_flags()),
             Err(e) => reply.error(errno(e)),
         }
     }

@@ -1,11 +1,12 @@
-//! `nullfs MOUNTPOINT [--threads N]`: a FUSE filesystem that keeps no data, for the
+//! `nullfs MOUNTPOINT [--threads N] [--direct-io]`: a FUSE filesystem that keeps no data, for the
 //! benchmark only. It measures the ceiling FUSE itself puts on any FUSE filesystem on
 //! this host: writes are dropped (the file only grows), reads return zeros from one
 //! static buffer, and the namespace is a flat directory in memory.
 //!
 //! A fair ceiling for fsd because everything FUSE-side is the same, taken from fsd
 //! itself: the same fuser, init settings (`fsd::fuse::configure_kernel`), entry and
-//! attribute TTL, open flags (through the page cache), mount options and number of
+//! attribute TTL, open flags (through the page cache, or not with `--direct-io` as
+//! with fsd's), mount options and number of
 //! request loops (`fsd::mount`), and the same kind of answer to the getxattr the
 //! kernel sends before every write(2). The only work left is FUSE's own: the
 //! kernel's copies and the round trips to this process.
@@ -15,6 +16,7 @@ mod namespace;
 
 use anyhow::bail;
 use clap::Parser;
+use fsd::fuse::CacheMode;
 use std::path::PathBuf;
 
 /// A FUSE filesystem that keeps no data: the FUSE ceiling, for benchmarks.
@@ -28,6 +30,9 @@ struct Options {
     #[arg(long, default_value_t = 4,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     threads: usize,
+    /// Bypass the kernel's page cache (as fsd's --direct-io).
+    #[arg(long)]
+    direct_io: bool,
 }
 
 fn run(opts: Options) -> anyhow::Result<()> {
@@ -40,7 +45,12 @@ fn run(opts: Options) -> anyhow::Result<()> {
     // SAFETY: geteuid/getegid have no preconditions and cannot fail.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let config = fsd::mount::config("nullfs", opts.threads, uid == 0);
-    let fs = fuse::NullFs::new(uid, gid);
+    let cache = if opts.direct_io {
+        CacheMode::Direct
+    } else {
+        CacheMode::PageCache
+    };
+    let fs = fuse::NullFs::new(uid, gid, cache);
     fsd::mount::Mounted::new(fs, &opts.mountpoint, &config, "nullfs", || {})?.run()?;
     log::info!("unmounted {}", opts.mountpoint.display());
     Ok(())

@@ -1,0 +1,184 @@
+//! `fsd --direct-io`: every handle bypasses the kernel's page cache. Plain buffered
+//! reads and writes round-trip byte for byte through a cache smaller than the file
+//! (so the data comes back from the memnode), every read reaches fsd however recently
+//! the same bytes were read (fsd's cache counts each), and shared mappings stay
+//! coherent with read(2) and write(2) on kernels that allow them (Linux 6.6). On the
+//! default mount the same second read never reaches fsd, which shows the count can
+//! tell the two apart.
+
+use rmemfs_tests::data::{assert_bytes_eq, create};
+use rmemfs_tests::kernel::Mapping;
+use rmemfs_tests::{heavy_test, FsdMount, FsdStats, MemnodeProc, Pattern, StatsFile, MIB};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::time::Duration;
+
+/// What fsd logs when the kernel will not map direct-I/O files shared.
+const NO_SHARED_MMAP: &str = "cannot map files of a direct-I/O mount shared";
+
+fn mount(memnode: &MemnodeProc, stats: &StatsFile, extra: &[&str]) -> FsdMount {
+    let mut args = vec![
+        "--cache",
+        "2M",
+        "--block-size",
+        "64K",
+        "--stats-file",
+        stats.arg(),
+    ];
+    args.extend_from_slice(extra);
+    FsdMount::with_memnode(memnode, &args)
+}
+
+/// Pages fsd's cache has served so far: each read that reaches fsd counts one per
+/// block it touches, hit or miss.
+fn accesses(s: &FsdStats) -> u64 {
+    s.value("cache_hits") + s.value("cache_misses")
+}
+
+/// The stats once a full stats period (fsd writes them every second) has passed
+/// since the last request.
+fn settled(stats: &StatsFile) -> FsdStats {
+    std::thread::sleep(Duration::from_millis(2500));
+    stats.current()
+}
+
+/// Reads `len` bytes at 0 twice through one descriptor, checking them against
+/// `expected`; returns the page accesses fsd counted for the first and the second.
+fn read_twice(path: &std::path::Path, expected: &[u8], stats: &StatsFile) -> (u64, u64) {
+    let f = File::open(path).expect("open for reading");
+    let mut buf = vec![0u8; expected.len()];
+    let before = accesses(&settled(stats));
+    f.read_exact_at(&mut buf, 0).expect("first read");
+    assert_bytes_eq(expected, &buf, 0, "first read");
+    let after_first = accesses(&settled(stats));
+    f.read_exact_at(&mut buf, 0).expect("second read");
+    assert_bytes_eq(expected, &buf, 0, "second read of the same bytes");
+    let after_second = accesses(&settled(stats));
+    (after_first - before, after_second - after_first)
+}
+
+#[test]
+fn with_direct_io_buffered_io_round_trips_and_every_read_reaches_fsd() {
+    let _serial = heavy_test();
+    let pattern = Pattern::for_test("fsd --direct-io round trip");
+    let memnode = MemnodeProc::start("256M");
+    let stats = StatsFile::new();
+    let fsd = mount(&memnode, &stats, &["--direct-io"]);
+    let path = fsd.join("direct");
+    let len = 8 * MIB; // four times the cache
+
+    // Unaligned buffered writes: each is a request of its own, of its own size.
+    let f = create(&path);
+    let mut at = 0u64;
+    while at < len {
+        let n = (100_003).min(len - at);
+        f.write_all_at(&pattern.bytes(at, n as usize), at)
+            .unwrap_or_else(|e| panic!("write of {n} at {at}: {e}"));
+        at += n;
+    }
+    f.sync_all().expect("fsync");
+    drop(f);
+    let s = settled(&stats);
+    assert!(
+        s.value("remote_write_bytes") >= len,
+        "the whole file went to the memnode: {s}"
+    );
+    pattern.verify_file(&path, len);
+
+    let (first, second) = read_twice(&path, &pattern.bytes(0, MIB as usize), &stats);
+    let blocks = MIB / (64 << 10);
+    assert!(
+        first >= blocks && second >= blocks,
+        "each 1 MiB read reaches fsd ({blocks} blocks): fsd served {first} pages for the \
+         first and {second} for the second"
+    );
+    fsd.unmount();
+}
+
+#[test]
+fn without_direct_io_the_page_cache_answers_a_second_read() {
+    let _serial = heavy_test();
+    let pattern = Pattern::for_test("page cache answers re-reads");
+    let memnode = MemnodeProc::start("256M");
+    let stats = StatsFile::new();
+    let fsd = mount(&memnode, &stats, &[]);
+    let path = fsd.join("cached");
+    pattern.write_file(&path, MIB);
+    rmemfs_tests::kernel::drop_page_cache();
+    let (first, second) = read_twice(&path, &pattern.bytes(0, MIB as usize), &stats);
+    assert!(first > 0, "the first read reached fsd");
+    assert_eq!(
+        second, 0,
+        "the second read of the same bytes came from the kernel's page cache"
+    );
+    fsd.unmount();
+}
+
+#[test]
+fn with_direct_io_a_shared_mapping_is_coherent_with_read_and_write() {
+    let _serial = heavy_test();
+    let pattern = Pattern::for_test("fsd --direct-io and mmap");
+    let memnode = MemnodeProc::start("256M");
+    let stats = StatsFile::new();
+    let fsd = mount(&memnode, &stats, &["--direct-io"]);
+    let path = fsd.join("mapped");
+    let len = MIB as usize;
+    create(&path)
+        .write_all_at(&pattern.bytes(0, len), 0)
+        .expect("write the file");
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .expect("open read-write");
+    let map = Mapping::shared(&file, len);
+    if fsd.stderr().contains(NO_SHARED_MMAP) {
+        let e = map
+            .err()
+            .expect("fsd said the kernel refuses shared mappings");
+        assert_eq!(
+            e.raw_os_error(),
+            Some(libc::ENODEV),
+            "a kernel without FUSE_DIRECT_IO_ALLOW_MMAP refuses with ENODEV: {e}"
+        );
+        println!("this kernel refuses shared mappings of direct-I/O files (ENODEV), as fsd said");
+        fsd.unmount();
+        return;
+    }
+    let mut map = map.expect("mmap MAP_SHARED of a file on a --direct-io mount");
+    assert_bytes_eq(&pattern.bytes(0, len), map.as_slice(), 0, "the mapping");
+
+    // write(2) then the mapping.
+    let written = pattern.derive(1).bytes(0, 10_000);
+    file.write_all_at(&written, 5_000).expect("write");
+    assert_bytes_eq(
+        &written,
+        &map.as_slice()[5_000..15_000],
+        5_000,
+        "the mapping after a write(2) over it",
+    );
+
+    // Stores, then read(2) before any msync: the kernel writes them back first.
+    let stored = pattern.derive(2).bytes(0, 70_000);
+    map.as_mut_slice()[200_000..270_000].copy_from_slice(&stored);
+    let mut got = vec![0u8; stored.len()];
+    file.read_exact_at(&mut got, 200_000).expect("read");
+    assert_bytes_eq(
+        &stored,
+        &got,
+        200_000,
+        "read(2) after stores to the mapping",
+    );
+    drop(map);
+    drop(file);
+    let mut expected = pattern.bytes(0, len);
+    expected[5_000..15_000].copy_from_slice(&written);
+    expected[200_000..270_000].copy_from_slice(&stored);
+    assert_bytes_eq(
+        &expected,
+        &std::fs::read(&path).expect("read the whole file"),
+        0,
+        "the whole file after unmapping",
+    );
+    fsd.unmount();
+}
