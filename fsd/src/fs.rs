@@ -20,7 +20,7 @@ use crate::namespace::{DirEntry, Namespace, NewInode, RenameMode};
 use crate::remote::{BlockLoc, RemoteStore};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -61,8 +61,27 @@ pub struct FsStats {
     pub inodes: u64,
 }
 
+/// What programs asked of fsd's files: reads and writes that reached fsd (the
+/// kernel's page cache answers the others) and the bytes they returned or took. Set
+/// against the remote counters they give the amplification of each way.
+#[derive(Debug, Default)]
+pub struct FileCounters {
+    pub reads: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub writes: AtomicU64,
+    pub write_bytes: AtomicU64,
+}
+
+impl FileCounters {
+    fn count(ops: &AtomicU64, bytes: &AtomicU64, n: usize) {
+        ops.fetch_add(1, Ordering::Relaxed);
+        bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
 pub struct RmemFs {
     ns: Namespace,
+    pub counters: FileCounters,
     cache: PageCache,
     remote: Arc<RemoteStore>,
     block_size: u64,
@@ -81,6 +100,7 @@ impl RmemFs {
             ((1u64 << 20) / block_size).clamp(1, cache.capacity_pages() as u64 / 4 + 1);
         RmemFs {
             ns: Namespace::new(owner.uid, owner.gid),
+            counters: FileCounters::default(),
             cache,
             remote,
             block_size,
@@ -368,6 +388,7 @@ impl RmemFs {
         let _io = inode.io_shared();
         let size = inode.meta().attr.size;
         if offset >= size || len == 0 {
+            FileCounters::count(&self.counters.reads, &self.counters.read_bytes, 0);
             return Ok(Vec::new());
         }
         let end = size.min(offset.saturating_add(len as u64));
@@ -434,6 +455,8 @@ impl RmemFs {
                 Ok(())
             },
         )?;
+        let c = &self.counters;
+        FileCounters::count(&c.reads, &c.read_bytes, out.len());
         Ok(out)
     }
 
@@ -496,6 +519,8 @@ impl RmemFs {
             m.attr.size = end;
         }
         m.touch_mtime();
+        let c = &self.counters;
+        FileCounters::count(&c.writes, &c.write_bytes, data.len());
         Ok(data.len() as u32)
     }
 

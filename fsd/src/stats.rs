@@ -13,6 +13,10 @@ use std::sync::atomic::Ordering;
 /// One reading of every counter.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Snapshot {
+    pub file_reads: u64,
+    pub file_read_bytes: u64,
+    pub file_writes: u64,
+    pub file_write_bytes: u64,
     pub remote_reads: u64,
     pub remote_read_bytes: u64,
     pub remote_writes: u64,
@@ -42,8 +46,13 @@ impl Snapshot {
     pub fn of(fs: &RmemFs) -> Snapshot {
         let r = &fs.remote().counters;
         let c = &fs.cache().counters;
+        let f = &fs.counters;
         let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         Snapshot {
+            file_reads: get(&f.reads),
+            file_read_bytes: get(&f.read_bytes),
+            file_writes: get(&f.writes),
+            file_write_bytes: get(&f.write_bytes),
             remote_reads: get(&r.reads),
             remote_read_bytes: get(&r.read_bytes),
             remote_writes: get(&r.writes),
@@ -78,6 +87,10 @@ impl Snapshot {
         let up = self.node_up.iter().filter(|&&u| u).count() as u64;
         let rd = &self.redundancy;
         let mut fields: Vec<(String, u64)> = [
+            ("file_reads", self.file_reads),
+            ("file_read_bytes", self.file_read_bytes),
+            ("file_writes", self.file_writes),
+            ("file_write_bytes", self.file_write_bytes),
             ("remote_reads", self.remote_reads),
             ("remote_read_bytes", self.remote_read_bytes),
             ("remote_writes", self.remote_writes),
@@ -138,6 +151,8 @@ mod tests {
     #[test]
     fn json_names_every_counter_with_its_value() {
         let s = Snapshot {
+            file_reads: 5,
+            file_read_bytes: 20480,
             remote_reads: 3,
             remote_read_bytes: 196608,
             chunk_allocs: 1,
@@ -168,11 +183,13 @@ mod tests {
             assert!(json.contains(line), "{line} in {json}");
         }
         assert!(json.starts_with('{') && json.trim_end().ends_with('}'));
+        assert!(json.contains("\"file_reads\": 5,"), "{json}");
+        assert!(json.contains("\"file_read_bytes\": 20480,"), "{json}");
         assert!(json.contains("\"remote_reads\": 3,"), "{json}");
         assert!(json.contains("\"remote_read_bytes\": 196608,"), "{json}");
         assert!(json.contains("\"chunk_allocs\": 1,"), "{json}");
         assert!(json.contains("\"block_size\": 65536,"), "{json}");
-        assert_eq!(json.matches(':').count(), 17 + 7 + 2 * 2);
+        assert_eq!(json.matches(':').count(), 21 + 7 + 2 * 2);
     }
 
     #[test]

@@ -339,30 +339,40 @@ def print_memory(doc):
         print(f"fsd peak RSS {mib(max(peaks))} with --cache {doc['settings'].get('cache')}")
 
 
+def read_amplification(traffic):
+    """Bytes fsd read from remote memory per byte it returned to read requests, both
+    counted by fsd over the same interval (1.0 when every remote byte read was asked
+    for; reads the kernel's page cache answers never reach fsd and count in neither).
+    None when fsd returned nothing or the counters are missing."""
+    served = traffic.get("file_read_bytes")
+    if not served:
+        return None
+    return traffic.get("remote_read_bytes", 0) / served
+
+
 def print_traffic(doc):
     """Remote operations fsd made during each rmemfs job (`waited`: chunk allocations
-    a write had to wait for, i.e. control round trips on the write path), and how many
-    bytes it read
-    from remote memory per byte fio read (read amplification; 1.0 when every remote
-    byte read was asked for)."""
+    a write had to wait for, i.e. control round trips on the write path), the bytes
+    fsd returned to reads (`MiB served`: those the page cache did not answer) and the
+    read amplification (see read_amplification)."""
     rows = [r for r in doc["results"] if r["target"] == "rmemfs" and r.get("fsd_traffic")]
     if not rows:
         return
     block = rows[0]["fsd_traffic"].get("block_size")
     print(f"\nfsd remote traffic per job (block size {block // 1024 if block else '?'} KiB):")
     print(f"{'job':<22}{'READs':>10}{'MiB read':>10}{'WRITEs':>10}{'MiB written':>12}"
-          f"{'allocs':>8}{'waited':>8}{'cache hit%':>11}{'read ampl.':>11}")
+          f"{'allocs':>8}{'waited':>8}{'cache hit%':>11}{'MiB served':>11}{'read ampl.':>11}")
     for r in rows:
         t = r["fsd_traffic"]
         lookups = t.get("cache_hits", 0) + t.get("cache_misses", 0)
         hit = f"{100.0 * t.get('cache_hits', 0) / lookups:.0f}" if lookups else "-"
-        ampl = "-"
-        if r.get("direction") == "read" and r.get("io_bytes"):
-            ampl = f"{t.get('remote_read_bytes', 0) / r['io_bytes']:.2f}"
+        ampl = read_amplification(t)
+        ampl = "-" if ampl is None else f"{ampl:.2f}"
         print(f"{r['job']:<22}{t.get('remote_reads', 0):>10}"
               f"{t.get('remote_read_bytes', 0) / 2**20:>10.0f}{t.get('remote_writes', 0):>10}"
               f"{t.get('remote_write_bytes', 0) / 2**20:>12.0f}{t.get('chunk_allocs', 0):>8}"
-              f"{t.get('chunk_allocs_waited', 0):>8}{hit:>11}{ampl:>11}")
+              f"{t.get('chunk_allocs_waited', 0):>8}{hit:>11}"
+              f"{t.get('file_read_bytes', 0) / 2**20:>11.0f}{ampl:>11}")
 
 
 def ratio_labels(doc, job):

@@ -92,6 +92,9 @@ fn random_4k_direct_io_moves_4k_per_request_over_the_fabric() {
     );
     assert_eq!(delta(&after, &before, "remote_reads"), N);
     assert_eq!(delta(&after, &before, "remote_read_bytes"), N * SECTOR);
+    // What fsd served, which the bench sets against the remote bytes.
+    assert_eq!(delta(&after, &before, "file_reads"), N);
+    assert_eq!(delta(&after, &before, "file_read_bytes"), N * SECTOR);
     assert_eq!(delta(&after, &before, "remote_writes"), 0);
 
     // Writes to other blocks: no READ, one 4 KiB WRITE each (at eviction or fsync).
@@ -112,6 +115,8 @@ fn random_4k_direct_io_moves_4k_per_request_over_the_fabric() {
     assert_eq!(delta(&written, &after, "remote_reads"), 0);
     assert_eq!(delta(&written, &after, "remote_writes"), N);
     assert_eq!(delta(&written, &after, "remote_write_bytes"), N * SECTOR);
+    assert_eq!(delta(&written, &after, "file_writes"), N);
+    assert_eq!(delta(&written, &after, "file_write_bytes"), N * SECTOR);
 
     // And the data is what it should be, read back from remote memory.
     drop(file);
