@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Turns the fio outputs of one scripts/bench run into its table, JSON and chart.
 
-scripts/bench runs every (job, target) pair and lists them in a manifest, one tab-
-separated line each:
+scripts/bench runs every (job, target) pair, once per round (--repeat), and lists
+the runs in a manifest, one tab-separated line each:
 
     job  target  status  fio-json-path  fsd-peak-rss-kib  fsd-rss-kib  memnode-rss-kib
+    fsd-stats-before  fsd-stats-after  round  steal-pct
 
-(status "ok" or a short failure text; the memory columns are "-" except for rmemfs).
-This script reads those fio outputs, prints the run's settings and one table (MB/s,
+(status "ok" or a short failure text; the memory and stats columns are "-" except for
+rmemfs; steal-pct is the share of CPU time the hypervisor took during that run).
+This script reads those fio outputs, keeps for each (job, target) its median run by
+throughput, prints the run's settings and one table (MB/s,
 IOPS, p99 latency, and rmemfs's throughput divided by each baseline's: tmpfs, the
 local-memory ceiling; sshfs to a tmpfs; nullfs, a FUSE filesystem that keeps no data,
 the FUSE ceiling), writes all of it as JSON, and draws a bar chart with gnuplot. Any
@@ -109,6 +112,13 @@ def steal_pct(stat_start):
     return round(100.0 * delta[7] / sum(delta), 1) if sum(delta) > 0 else None
 
 
+def steal_or_none(text):
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def read_manifest(path):
     rows = []
     with open(path, encoding="utf-8") as f:
@@ -117,11 +127,12 @@ def read_manifest(path):
             if not line:
                 continue
             (job, target, status, fio_json, hwm, rss, mn_rss, stats_before,
-             stats_after) = line.split("\t")
+             stats_after, round_, steal) = line.split("\t")
             rows.append({
                 "job": job, "target": target, "status": status, "fio_json": fio_json,
                 "fsd_peak_rss_kib": hwm, "fsd_rss_kib": rss, "memnode_rss_kib": mn_rss,
                 "stats_before": stats_before, "stats_after": stats_after,
+                "round": int(round_), "steal_pct": steal_or_none(steal),
             })
     return rows
 
@@ -173,7 +184,7 @@ def measure(row):
     """One (job, target) result; a failed run keeps its status and no numbers."""
     result = {
         "job": row["job"], "target": row["target"], "status": row["status"],
-        "fio_output": row["fio_json"],
+        "fio_output": row["fio_json"], "round": row["round"], "steal_pct": row["steal_pct"],
     }
     if row["target"] == "rmemfs":
         result["fsd_peak_rss_bytes"] = kib_to_bytes(row["fsd_peak_rss_kib"])
@@ -210,6 +221,25 @@ def measure(row):
         "sys_cpu_pct": job.get("sys_cpu"),
     })
     return result
+
+
+def median_runs(results):
+    """One result per (job, target), in the order first run: the run whose throughput
+    is the median of its successful runs (the lower middle one of an even count), so
+    its latencies and fsd traffic come from the same run. It lists every run under
+    "runs" (round, status, throughput, steal). A (job, target) with no successful run
+    keeps its last failure."""
+    groups = {}
+    for r in results:
+        groups.setdefault((r["job"], r["target"]), []).append(r)
+    chosen = []
+    for runs in groups.values():
+        ok = sorted((r for r in runs if r["status"] == "ok"), key=lambda r: r["bw_bytes_per_s"])
+        pick = dict(ok[(len(ok) - 1) // 2] if ok else runs[-1])
+        pick["runs"] = [{k: r.get(k) for k in ("round", "status", "bw_bytes_per_s", "iops",
+                                                "steal_pct", "fio_output")} for r in runs]
+        chosen.append(pick)
+    return chosen
 
 
 def ratios(results, jobs):
@@ -298,13 +328,14 @@ def table_rows(doc):
             fmt(r["mb_per_s"], 1 if r["mb_per_s"] < 100 else 0),
             fmt(r["iops"]),
             fmt(p99, 1 if p99 is not None and p99 < 100 else 0),
+            fmt(r.get("steal_pct"), 1),
         ) + tuple(fmt_ratio(ratio.get(f"vs_{b}")) for b in bases))
     return rows
 
 
 def print_table(doc):
     bases = compared_baselines(doc)
-    head = ("job", "target", "MB/s", "IOPS", "p99 us") + tuple(f"vs {b}" for b in bases)
+    head = ("job", "target", "MB/s", "IOPS", "p99 us", "steal%") + tuple(f"vs {b}" for b in bases)
     rows = table_rows(doc)
     # Failure texts span the numeric columns instead of widening them.
     full = [head] + [r for r in rows if len(r) == len(head)]
@@ -327,9 +358,14 @@ def print_table(doc):
         print(line(row, row[0] if row[0] != previous else ""))
         previous = row[0]
     print()
-    print("MB/s = 10^6 bytes/s; p99 = 99th percentile completion latency of one request.")
+    print("MB/s = 10^6 bytes/s; p99 = 99th percentile completion latency of one request;")
+    print("steal% = CPU time the hypervisor took during that run (high: a noisy figure).")
+    if doc["settings"].get("repeat", 1) > 1:
+        print(f"Each row is the median of {doc['settings']['repeat']} runs by throughput "
+              "(every run is in the JSON).")
     if bases:
-        print("vs X = rmemfs throughput / X throughput in the same run (>1: rmemfs faster).")
+        print("vs X = rmemfs throughput / X throughput in the same bench run "
+              "(>1: rmemfs faster).")
 
 
 def print_memory(doc):
@@ -440,7 +476,8 @@ def main():
     jobs = args.jobs.split(",")
     targets = args.targets.split(",")
     rows = read_manifest(args.manifest)
-    results = [measure(row) for row in rows]
+    every_run = [measure(row) for row in rows]
+    results = median_runs(every_run)
     settings = {}
     for item in args.setting:
         key, _, value = item.partition("=")
@@ -474,7 +511,8 @@ def main():
         f.write("\n")
     shutil.copyfile(args.out_json, args.latest)
     drawn = write_chart(doc, args.chart, args.chart_script, args.chart_data_dir)
-    failed = [f"{r['job']} on {r['target']}" for r in results if r["status"] != "ok"]
+    failed = [f"{r['job']} on {r['target']} (round {r['round']})"
+              for r in every_run if r["status"] != "ok"]
     if failed:
         print(f"report: {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
     return 0 if drawn and not failed else 1
