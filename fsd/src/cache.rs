@@ -10,9 +10,16 @@
 //! from remote memory: the page holds just those sectors, dirty. A random read
 //! ([`Fill::Read`]) loads only the sectors it reads. Missing sectors are fetched when
 //! they are needed, straight into the page's buffer, one remote read per run of
-//! consecutive missing sectors (never over a valid sector): before a read of them,
-//! before a write whose ends fall inside a sector the page does not hold, and before
-//! a write-back of the whole block.
+//! consecutive missing bytes (never over a valid sector or a part): before a read of
+//! them and before a write-back of the whole block.
+//!
+//! A write that ends inside a sector the page does not hold keeps what it wrote there
+//! as a *part* of that sector (a byte range, dirty), and the rest of the sector is
+//! fetched only when something needs it, or never if later writes fill it: the kernel
+//! splits a direct write from a buffer that is not page-aligned at a byte inside a
+//! sector, and its second half then completes the sector without a remote read. A
+//! write that would leave a gap in a sector's part loads that sector first (around
+//! the part).
 //!
 //! A page also tracks which sectors are dirty. A block that remote memory holds, with
 //! all its copies, is written back as its dirty sectors only (one remote write per
@@ -29,9 +36,12 @@
 //! - A page's bytes and flags are only touched under its own mutex. `valid` says which
 //!   sectors of the bytes are the block's content (the others are to be taken from
 //!   the backing, and a fill never overwrites a valid sector); `dirty` says which
-//!   valid sectors are newer than remote memory (never one that is not valid). A page
+//!   valid sectors are newer than remote memory (never one that is not valid).
+//!   `parts` are byte ranges of sectors not in `valid`, at most one per sector and
+//!   never a whole one, always newer than remote memory; a sector whose part is
+//!   completed (by a fill around it, or by writes) becomes valid and dirty. A page
 //!   written back whole is made fully valid first, in one load batch per write-back
-//!   batch.
+//!   batch; a page written back in part stores its dirty sectors and its parts.
 //! - The pool may briefly overshoot `capacity` when every page is in use at once (many
 //!   threads each holding pages); it never blocks waiting for a buffer, so no thread
 //!   can deadlock on memory another waiting thread holds.
@@ -121,10 +131,67 @@ struct PageState {
     valid: u64,
     /// Bit `i`: sector `i` is newer than remote memory (always within `valid`).
     dirty: u64,
+    /// Bytes written into sectors not in `valid`, by block offset, in order (see the
+    /// module comment). Empty unless a write ended inside a sector the page lacked.
+    parts: Vec<Range<usize>>,
     /// False once the page has left the cache (evicted or invalidated). A thread that
     /// got the page before that and locks it after must not use it: its changes would
     /// be lost with the page.
     live: bool,
+}
+
+impl PageState {
+    /// Whether the page holds anything newer than remote memory.
+    fn is_dirty(&self) -> bool {
+        self.dirty != 0 || !self.parts.is_empty()
+    }
+
+    /// Forgets that anything is newer than remote memory.
+    fn clean(&mut self) {
+        self.dirty = 0;
+        self.parts.clear();
+    }
+
+    /// The sectors that have a part.
+    fn part_mask(&self, sectors: &Sectors) -> u64 {
+        self.parts
+            .iter()
+            .fold(0, |m, p| m | sectors.bit_of(p.start))
+    }
+
+    /// Whether `piece` (bytes of one sector the page lacks) can join that sector's
+    /// part: the sector has none, or `piece` overlaps or touches it.
+    fn can_join(&self, sectors: &Sectors, piece: &Range<usize>) -> bool {
+        let sector = sectors.bit_of(piece.start);
+        self.parts
+            .iter()
+            .find(|p| sectors.bit_of(p.start) == sector)
+            .is_none_or(|p| piece.start <= p.end && p.start <= piece.end)
+    }
+
+    /// Adds `piece` (see [`PageState::can_join`]) to its sector's part. Returns true
+    /// if that completed the sector, which is then valid (no longer a part).
+    fn join(&mut self, sectors: &Sectors, piece: Range<usize>) -> bool {
+        let sector = sectors.bit_of(piece.start);
+        let merged = match self
+            .parts
+            .iter()
+            .position(|p| sectors.bit_of(p.start) == sector)
+        {
+            Some(i) => {
+                let p = self.parts.remove(i);
+                p.start.min(piece.start)..p.end.max(piece.end)
+            }
+            None => piece,
+        };
+        if merged.len() == sectors.len {
+            self.valid |= sector;
+            return true;
+        }
+        let at = self.parts.partition_point(|p| p.start < merged.start);
+        self.parts.insert(at, merged);
+        false
+    }
 }
 
 struct Page {
@@ -204,6 +271,39 @@ impl Sectors {
         (whole, touched)
     }
 
+    /// The sector holding byte `at` of a block, as a mask.
+    fn bit_of(&self, at: usize) -> u64 {
+        1 << (at / self.len)
+    }
+
+    /// The bytes of the sectors in `mask` other than `parts` (in order, each inside
+    /// one sector): what a fill of those sectors loads, in runs.
+    fn gaps(&self, mask: u64, parts: &[Range<usize>]) -> Vec<Range<usize>> {
+        let mut out = Vec::new();
+        for run in self.runs(mask) {
+            let mut at = run.start;
+            for p in parts.iter().filter(|p| run.contains(&p.start)) {
+                if p.start > at {
+                    out.push(at..p.start);
+                }
+                at = p.end;
+            }
+            if at < run.end {
+                out.push(at..run.end);
+            }
+        }
+        out
+    }
+
+    /// Each sector in `mask`, as a byte range of the block.
+    fn each(&self, mut mask: u64) -> impl Iterator<Item = Range<usize>> + '_ {
+        std::iter::from_fn(move || {
+            let i = (mask != 0).then(|| mask.trailing_zeros() as usize)?;
+            mask &= mask - 1;
+            Some(i * self.len..(i + 1) * self.len)
+        })
+    }
+
     /// The runs of consecutive sectors in `mask`, as byte ranges of the block.
     fn runs(&self, mut mask: u64) -> impl Iterator<Item = Range<usize>> + '_ {
         std::iter::from_fn(move || {
@@ -215,19 +315,6 @@ impl Sectors {
             mask &= !bits(start, start + len);
             Some(start * self.len..(start + len) * self.len)
         })
-    }
-
-    /// Zeros the sectors not in `valid`.
-    fn zero(&self, dst: &mut [u8], valid: u64) {
-        if valid == 0 {
-            dst.fill(0);
-            return;
-        }
-        for (i, s) in dst.chunks_mut(self.len).enumerate() {
-            if valid & (1 << i) == 0 {
-                s.fill(0);
-            }
-        }
     }
 }
 
@@ -338,6 +425,7 @@ impl PageCache {
                             buf,
                             valid: 0,
                             dirty: 0,
+                            parts: Vec::new(),
                             live: true,
                         }),
                     });
@@ -404,6 +492,7 @@ impl PageCache {
             // buffer is freed with the page.
             if Arc::strong_count(page) == 1 {
                 state.valid = 0;
+                state.parts.clear();
                 let buf = std::mem::take(&mut state.buf);
                 if idx.buffers <= self.capacity {
                     idx.spare.push(buf);
@@ -436,14 +525,14 @@ impl PageCache {
     ) -> Result<(), FsError> {
         let full = self.sectors.full;
         let mut dirty: Vec<usize> = (0..pages.len())
-            .filter(|&i| pages[i].1.dirty != 0)
+            .filter(|&i| pages[i].1.is_dirty())
             .collect();
         if dirty.is_empty() {
             return Ok(());
         }
         let in_part: Vec<bool> = pages
             .iter()
-            .map(|(k, s)| s.dirty != 0 && s.dirty != full && backing.stores_in_part(*k))
+            .map(|(k, s)| s.is_dirty() && s.dirty != full && backing.stores_in_part(*k))
             .collect();
         let mut first_err = Ok(());
         // Whole blocks are stored for the others: complete the partly valid pages
@@ -469,7 +558,7 @@ impl PageCache {
                     // Its missing sectors are unknown: storing it would overwrite them.
                     backing.record_write_error(pages[i].0, &e);
                     if clean_on_error {
-                        pages[i].1.dirty = 0;
+                        pages[i].1.clean();
                     }
                     if first_err.is_ok() {
                         first_err = Err(e);
@@ -481,14 +570,14 @@ impl PageCache {
                 return first_err;
             }
         }
-        // One write per run of dirty sectors, or one of the whole block.
+        // One write per run of dirty sectors and per part, or one of the whole block.
         let mut owner = Vec::new();
         let mut batch: Vec<(PageKey, usize, &[u8])> = Vec::new();
         for &i in &dirty {
             let (key, s) = (pages[i].0, &*pages[i].1);
             if in_part[i] {
                 self.counters.partial_stores.fetch_add(1, Ordering::Relaxed);
-                for run in self.sectors.runs(s.dirty) {
+                for run in self.sectors.runs(s.dirty).chain(s.parts.iter().cloned()) {
                     batch.push((key, run.start, &s.buf[run]));
                     owner.push(i);
                 }
@@ -513,16 +602,17 @@ impl PageCache {
         }
         for &i in &dirty {
             if !failed[i] || clean_on_error {
-                pages[i].1.dirty = 0;
+                pages[i].1.clean();
             }
         }
         first_err
     }
 
     /// Gives each of `pages` (locked by the caller) the sectors of its `wanted` mask it
-    /// lacks: one batch of loads, one per run of consecutive missing sectors, straight
-    /// into the page's buffer (valid sectors are never written). One result per page; a
-    /// page whose load failed gains nothing.
+    /// lacks: one batch of loads, one per run of consecutive missing bytes, straight
+    /// into the page's buffer (valid sectors and parts are never written); a sector
+    /// with a part becomes valid and dirty. One result per page; a page whose load
+    /// failed gains nothing.
     fn fill_sectors(
         &self,
         backing: &dyn Backing,
@@ -539,9 +629,10 @@ impl PageCache {
                 self.counters.partial_fills.fetch_add(1, Ordering::Relaxed);
             }
             // Split the buffer into the runs to load, front to back.
+            let gaps = self.sectors.gaps(lacks, &s.parts);
             let mut rest: &mut [u8] = &mut s.buf[..];
             let mut at = 0;
-            for run in self.sectors.runs(lacks) {
+            for run in gaps {
                 let (_, tail) = std::mem::take(&mut rest).split_at_mut(run.start - at);
                 let (part, after) = tail.split_at_mut(run.len());
                 batch.push((*key, run.start, part));
@@ -565,15 +656,32 @@ impl PageCache {
         for ((_, s, _), (&lacks, r)) in pages.iter_mut().zip(missing.iter().zip(&out)) {
             if r.is_ok() {
                 s.valid |= lacks;
+                // Completed parts: their bytes are still newer than remote memory.
+                s.dirty |= s.part_mask(&self.sectors) & lacks;
+                s.parts
+                    .retain(|p| lacks & self.sectors.bit_of(p.start) == 0);
             }
         }
         out
     }
 
+    /// Makes a page of a block that has no content yet (a hole, beyond EOF) fully
+    /// valid: zeros around its valid sectors and its parts, which become dirty sectors.
+    fn zero_fill(&self, g: &mut PageState) {
+        let parts = g.part_mask(&self.sectors);
+        for gap in self.sectors.gaps(self.sectors.full & !g.valid, &g.parts) {
+            g.buf[gap].fill(0);
+        }
+        g.dirty |= parts;
+        g.parts.clear();
+        g.valid = self.sectors.full;
+    }
+
     /// Runs `f(block index, bytes, dirty)` on the pages of `ino` for every index in
     /// `idxs`, in order, each locked and made fully valid, or prepared as `fill` says
     /// for the bytes `f` reads or overwrites. Blocks to load are loaded in one batch
-    /// per group.
+    /// per group. `f` sets `*dirty` (false when called) if it changed bytes: the
+    /// sectors the fill names ([`Fill::Read`], [`Fill::Write`]), or all, become dirty.
     pub fn access<F>(
         &self,
         backing: &dyn Backing,
@@ -606,38 +714,47 @@ impl PageCache {
             let mut gains = vec![0u64; guards.len()];
             // Sectors the callback may change: those that become dirty if it says so.
             let mut touches = vec![full; guards.len()];
+            // Sectors of a write's ends that the page lacks, whose new bytes join the
+            // sector's part, with the bytes written.
+            let mut joins: Vec<(u64, Range<usize>)> = vec![(0, 0..0); guards.len()];
             // Pages to load from the backing, with the sectors each needs.
             let mut to_load: Vec<(usize, u64)> = Vec::new();
             for (n, g) in guards.iter_mut().enumerate() {
+                let how = fill(start + n as u64);
+                if let Fill::Read { from, to } | Fill::Write { from, to } = how {
+                    // Even in a page it holds whole, a write dirties only what it touches.
+                    touches[n] = self.sectors.of(from, to).1;
+                }
                 if g.valid == full {
                     continue;
                 }
-                let i = start + n as u64;
-                match fill(i) {
+                match how {
                     Fill::Load => to_load.push((n, full)),
-                    Fill::Read { from, to } => {
-                        let (_, touched) = self.sectors.of(from, to);
-                        touches[n] = touched;
-                        if touched & !g.valid != 0 {
-                            to_load.push((n, touched));
+                    Fill::Read { .. } => {
+                        if touches[n] & !g.valid != 0 {
+                            to_load.push((n, touches[n]));
                         }
                     }
-                    Fill::Zero => {
-                        let valid = g.valid;
-                        self.sectors.zero(&mut g.buf, valid);
-                        g.valid = full;
-                    }
+                    Fill::Zero => self.zero_fill(g),
                     Fill::Overwrite => gains[n] = full,
                     Fill::Write { from, to } => {
                         let (whole, touched) = self.sectors.of(from, to);
                         gains[n] = whole;
-                        touches[n] = touched;
-                        // A sector it writes in part needs the block's other bytes
-                        // first; those it writes whole need nothing.
+                        // A sector it writes in part and the page lacks keeps the new
+                        // bytes as (part of) its part; one whose part they would leave
+                        // a gap in is loaded first.
                         let ends = touched & !whole & !g.valid;
-                        if ends != 0 {
-                            to_load.push((n, ends));
-                        } else if whole & !g.valid != 0 {
+                        let mut split = 0;
+                        for sector in self.sectors.each(ends) {
+                            let piece = from.max(sector.start)..to.min(sector.end);
+                            if !g.can_join(&self.sectors, &piece) {
+                                split |= self.sectors.bit_of(piece.start);
+                            }
+                        }
+                        joins[n] = (ends & !split, from..to);
+                        if split != 0 {
+                            to_load.push((n, split));
+                        } else if touched & !g.valid != 0 {
                             self.counters.partial_writes.fetch_add(1, Ordering::Relaxed);
                         }
                     }
@@ -661,11 +778,23 @@ impl PageCache {
             }
             for (n, g) in guards.iter_mut().enumerate() {
                 let g = &mut **g;
-                let mut dirty = g.dirty != 0;
+                let mut dirty = false;
                 let result = f(start + n as u64, &mut g.buf, &mut dirty);
                 // What the callback wrote in full (Overwrite, Write) is now content.
                 g.valid |= gains[n];
-                g.dirty = if dirty { g.dirty | touches[n] } else { 0 };
+                if dirty {
+                    let valid = g.valid;
+                    g.parts
+                        .retain(|p| valid & self.sectors.bit_of(p.start) == 0);
+                    let (joined, ref written) = joins[n];
+                    for sector in self.sectors.each(joined) {
+                        let piece = written.start.max(sector.start)..written.end.min(sector.end);
+                        if !g.join(&self.sectors, piece) {
+                            touches[n] &= !self.sectors.bit_of(sector.start);
+                        }
+                    }
+                    g.dirty |= touches[n];
+                }
                 result?;
             }
             start = end;
@@ -723,9 +852,14 @@ impl PageCache {
     /// Waits for write-backs in flight on those pages, so once this returns no page of
     /// the range can write to remote memory any more.
     pub fn invalidate(&self, ino: u64, from: u64) {
+        self.invalidate_blocks(ino, from..u64::MAX);
+    }
+
+    /// As [`PageCache::invalidate`], for the pages of blocks `blocks` (a hole punched).
+    pub fn invalidate_blocks(&self, ino: u64, blocks: Range<u64>) {
         let pages = {
             let mut idx = lock(&self.index);
-            let pages = idx.pages_of(ino, from..u64::MAX);
+            let pages = idx.pages_of(ino, blocks);
             for p in &pages {
                 if idx.lru.pop(&p.key).is_none() {
                     idx.evicting.remove(&p.key);
@@ -737,7 +871,7 @@ impl PageCache {
         };
         for p in pages {
             let mut g = lock(&p.state);
-            g.dirty = 0;
+            g.clean();
             g.valid = 0;
             g.live = false;
         }
@@ -753,7 +887,7 @@ impl PageCache {
                 .chain(idx.evicting.values().cloned())
                 .collect()
         };
-        pages.iter().filter(|p| lock(&p.state).dirty != 0).count()
+        pages.iter().filter(|p| lock(&p.state).is_dirty()).count()
     }
 
     /// Pages currently cached.
@@ -790,7 +924,7 @@ impl PageCache {
         let mut guards: Vec<(PageKey, MutexGuard<'_, PageState>)> = cold
             .iter()
             .filter_map(|p| p.state.try_lock().ok().map(|g| (p.key, g)))
-            .filter(|(_, g)| g.live && g.dirty != 0)
+            .filter(|(_, g)| g.live && g.is_dirty())
             .collect();
         let mut batch: Vec<(PageKey, &mut PageState)> =
             guards.iter_mut().map(|(k, g)| (*k, &mut **g)).collect();

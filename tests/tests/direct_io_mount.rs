@@ -4,7 +4,8 @@
 //! the same bytes were read (fsd counts the bytes it serves), and shared mappings stay
 //! coherent with read(2) and write(2) on kernels that allow them (Linux 6.6). On the
 //! default mount the same second read never reaches fsd, which shows the count can
-//! tell the two apart.
+//! tell the two apart. A write the kernel splits inside a sector (from a buffer that
+//! is not page-aligned) reads nothing from the memnode.
 
 use rmemfs_tests::data::{assert_bytes_eq, create};
 use rmemfs_tests::kernel::Mapping;
@@ -90,6 +91,50 @@ fn with_direct_io_buffered_io_round_trips_and_every_read_reaches_fsd() {
         (MIB, MIB),
         "each 1 MiB read reaches fsd whole: bytes fsd served for the first and the second"
     );
+    fsd.unmount();
+}
+
+#[test]
+fn with_direct_io_writes_from_an_unaligned_buffer_read_nothing_from_the_memnode() {
+    let _serial = heavy_test();
+    let pattern = Pattern::for_test("fsd --direct-io unaligned buffers");
+    let memnode = MemnodeProc::start("256M");
+    let stats = StatsFile::new();
+    let fsd = mount(&memnode, &stats, &["--direct-io"]);
+    let path = fsd.join("overwritten");
+    let len = 4 * MIB; // twice the cache: the overwrites find most blocks uncached
+    pattern.write_file(&path, len);
+
+    // A 1 MiB buffer starting 100 bytes into a page spans 257 pages, more than a
+    // request may carry (256), so the kernel splits each write 100 bytes before its
+    // end, inside a 4 KiB sector, and sends the 100 bytes after it as a request of
+    // their own. fsd must not read that sector from the memnode to complete it.
+    let new = pattern.derive(1);
+    let mut storage = vec![0u8; 2 * MIB as usize];
+    let skew = (4096 + 100 - storage.as_ptr() as usize % 4096) % 4096;
+    let f = OpenOptions::new().write(true).open(&path).expect("open");
+    let before = settled(&stats);
+    let writes = len / MIB;
+    for n in 0..writes {
+        let buf = &mut storage[skew..skew + MIB as usize];
+        buf.copy_from_slice(&new.bytes(n * MIB, MIB as usize));
+        f.write_all_at(buf, n * MIB).expect("write");
+    }
+    f.sync_all().expect("fsync");
+    drop(f);
+    let after = settled(&stats);
+    let requests = after.value("file_writes") - before.value("file_writes");
+    assert!(
+        requests > writes,
+        "the kernel split the {writes} writes (fsd got {requests} requests)"
+    );
+    assert_eq!(
+        after.value("remote_reads") - before.value("remote_reads"),
+        0,
+        "no sector was read from the memnode to complete a split write: {after}"
+    );
+    assert!(after.value("remote_write_bytes") - before.value("remote_write_bytes") >= len);
+    new.verify_file(&path, len);
     fsd.unmount();
 }
 

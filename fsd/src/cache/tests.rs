@@ -405,39 +405,114 @@ fn a_partial_page_evicted_and_read_back_is_the_merged_block() {
 }
 
 #[test]
-fn unaligned_writes_load_only_when_an_end_falls_in_a_missing_sector() {
+fn a_write_ending_inside_a_missing_sector_keeps_its_bytes_there_without_a_load() {
     let b = MemBacking::default();
     let c = sectored(4);
     lock(&b.blocks).insert((1, 0), vec![1; BS]);
-    // Sector 0 only, aligned: no load.
+    // Sector 0 whole, then inside it: no load.
     write_at(&c, &b, (1, 0), 0, &[2; 4]);
-    // Inside sector 0, which the page holds: no load.
     write_at(&c, &b, (1, 0), 1, &[3; 2]);
-    assert_eq!(b.loads.load(Ordering::SeqCst), 0);
-    // Ends in sector 1, which the page lacks: that sector is loaded, keeping sector
-    // 0's new bytes.
+    // Ends inside sector 1, which the page lacks: bytes 4..6 become its part.
     write_at(&c, &b, (1, 0), 2, &[4; 4]);
-    assert_eq!(*lock(&b.loaded), vec![((1, 0), 4, 4)]);
-    // A whole read then loads the two sectors still missing, as one run.
+    assert_eq!(b.loads.load(Ordering::SeqCst), 0);
+    // A whole read loads around the part: bytes 6..16, one run.
     let want = block_of(&[2, 3, 4, 4, 4, 4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
     assert_eq!(read_block(&c, &b, (1, 0)), want);
-    assert_eq!(lock(&b.loaded)[1..].to_vec(), vec![((1, 0), 8, 8)]);
-    // An unaligned write to another uncached block loads the sectors it writes in
-    // part first (1 and 2, bytes 5..11), not the block.
+    assert_eq!(*lock(&b.loaded), vec![((1, 0), 6, 10)]);
+    // A write that starts and ends inside missing sectors keeps both ends as parts.
     lock(&b.blocks).insert((1, 1), vec![6; BS]);
-    write_at(&c, &b, (1, 1), 5, &[7; 6]);
-    assert_eq!(lock(&b.loaded).last(), Some(&((1, 1), 4, 8)));
-    // Its ends only: a write from byte 2 to 14 loads sectors 0 and 3.
-    lock(&b.blocks).insert((1, 2), vec![8; BS]);
-    write_at(&c, &b, (1, 2), 2, &[9; 12]);
-    assert_eq!(
-        lock(&b.loaded)[3..].to_vec(),
-        vec![((1, 2), 0, 4), ((1, 2), 12, 4)]
-    );
-    let want = block_of(&[8, 8, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 8, 8]);
-    assert_eq!(read_block(&c, &b, (1, 2)), want);
-    let want = block_of(&[6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 6, 6, 6, 6, 6]);
+    write_at(&c, &b, (1, 1), 2, &[9; 12]);
+    assert_eq!(b.loads.load(Ordering::SeqCst), 1);
+    // A random read of one of them loads the rest of that sector only.
+    assert_eq!(read_at(&c, &b, (1, 1), 12, 16), vec![9, 9, 6, 6]);
+    assert_eq!(lock(&b.loaded).last(), Some(&((1, 1), 14, 2)));
+    let want = block_of(&[6, 6, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 6, 6]);
     assert_eq!(read_block(&c, &b, (1, 1)), want);
+    c.flush_all(&b).unwrap();
+    assert_eq!(lock(&b.blocks)[&(1, 0)][..], read_block(&c, &b, (1, 0))[..]);
+    assert_eq!(lock(&b.blocks)[&(1, 1)], want);
+}
+
+#[test]
+fn a_write_split_inside_a_sector_completes_it_without_a_load() {
+    // The kernel splits a direct write from a buffer that is not page-aligned at a
+    // byte inside a sector; the two halves may come in either order.
+    let b = MemBacking::default();
+    let c = sectored(4);
+    for (k, cut) in [(0u64, 6usize), (1, 9), (2, 15)] {
+        lock(&b.blocks).insert((1, k), vec![1; BS]);
+        let data: Vec<u8> = (0..BS as u8).map(|x| x + 10).collect();
+        if k % 2 == 0 {
+            write_at(&c, &b, (1, k), 0, &data[..cut]);
+            write_at(&c, &b, (1, k), cut, &data[cut..]);
+        } else {
+            write_at(&c, &b, (1, k), cut, &data[cut..]);
+            write_at(&c, &b, (1, k), 0, &data[..cut]);
+        }
+        assert_eq!(read_block(&c, &b, (1, k)), data, "block {k}");
+    }
+    assert_eq!(b.loads.load(Ordering::SeqCst), 0, "{:?}", lock(&b.loaded));
+    c.flush_all(&b).unwrap();
+    assert_eq!(b.loads.load(Ordering::SeqCst), 0);
+    for k in 0..3u64 {
+        let want: Vec<u8> = (0..BS as u8).map(|x| x + 10).collect();
+        assert_eq!(lock(&b.blocks)[&(1, k)], want);
+    }
+}
+
+#[test]
+fn a_write_that_would_leave_a_gap_in_a_part_loads_around_the_part_first() {
+    let b = MemBacking::default();
+    let c = sectored(4);
+    lock(&b.blocks).insert((1, 0), vec![8; BS]);
+    write_at(&c, &b, (1, 0), 5, &[9]);
+    assert_eq!(b.loads.load(Ordering::SeqCst), 0);
+    // Byte 7 would leave byte 6 unknown between the part and it.
+    write_at(&c, &b, (1, 0), 7, &[10]);
+    assert_eq!(*lock(&b.loaded), vec![((1, 0), 4, 1), ((1, 0), 6, 2)]);
+    assert_eq!(read_at(&c, &b, (1, 0), 4, 8), vec![8, 9, 8, 10]);
+    assert_eq!(b.loads.load(Ordering::SeqCst), 2, "sector 1 is whole now");
+    c.flush_all(&b).unwrap();
+    let want = block_of(&[8, 8, 8, 8, 8, 9, 8, 10, 8, 8, 8, 8, 8, 8, 8, 8]);
+    assert_eq!(lock(&b.blocks)[&(1, 0)], want);
+}
+
+#[test]
+fn parts_are_written_back_as_they_are_when_the_block_can_be_stored_in_part() {
+    let b = MemBacking::default();
+    b.parts.store(true, Ordering::SeqCst);
+    let c = sectored(4);
+    lock(&b.blocks).insert((1, 0), vec![5; BS]);
+    // Parts 2..4 and 12..14, sectors 1 and 2 whole.
+    write_at(&c, &b, (1, 0), 2, &[6; 12]);
+    c.flush_all(&b).unwrap();
+    assert_eq!(b.loads.load(Ordering::SeqCst), 0);
+    let mut stored = lock(&b.stored).clone();
+    stored.sort();
+    assert_eq!(
+        stored,
+        vec![((1, 0), 2, 2), ((1, 0), 4, 8), ((1, 0), 12, 2)]
+    );
+    let want = block_of(&[5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5, 5]);
+    assert_eq!(lock(&b.blocks)[&(1, 0)], want);
+    assert_eq!(c.dirty_pages(), 0);
+    // Clean now; the parts' bytes come back from the backing with the rest.
+    assert_eq!(read_block(&c, &b, (1, 0)), want);
+}
+
+#[test]
+fn only_what_a_write_touches_becomes_dirty_and_reads_dirty_nothing() {
+    let b = MemBacking::default();
+    b.parts.store(true, Ordering::SeqCst);
+    let c = sectored(4);
+    lock(&b.blocks).insert((1, 0), vec![5; BS]);
+    // A page held whole, then one sector of it written, then read whole.
+    assert_eq!(read_block(&c, &b, (1, 0)), vec![5; BS]);
+    write_at(&c, &b, (1, 0), 9, &[7; 2]);
+    assert_eq!(read_block(&c, &b, (1, 0))[8..12], [5, 7, 7, 5]);
+    assert_eq!(read_at(&c, &b, (1, 0), 0, 16)[9], 7);
+    c.flush_all(&b).unwrap();
+    assert_eq!(*lock(&b.stored), vec![((1, 0), 8, 4)]);
 }
 
 #[test]
@@ -451,6 +526,23 @@ fn a_zero_fill_keeps_the_valid_sectors() {
         block_of(&[0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0])
     );
     assert_eq!(b.loads.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn a_zero_fill_keeps_the_parts_and_makes_them_dirty_sectors() {
+    let b = MemBacking::default();
+    let c = sectored(4);
+    write_at(&c, &b, (1, 0), 6, &[2; 4]);
+    assert_eq!(
+        view(&c, &b, (1, 0), Fill::Zero).unwrap(),
+        block_of(&[0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0])
+    );
+    assert_eq!(b.loads.load(Ordering::SeqCst), 0);
+    c.flush_all(&b).unwrap();
+    assert_eq!(
+        lock(&b.blocks)[&(1, 0)],
+        block_of(&[0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0])
+    );
 }
 
 #[test]
@@ -506,6 +598,9 @@ fn a_partial_page_that_cannot_be_completed_is_not_stored_and_the_error_is_record
 enum PartOp {
     /// Block, start, length (clamped to the block), byte.
     Write(u64, usize, usize, u8),
+    /// One write in two pieces cut at any byte, the second piece first or not (as
+    /// the kernel splits a direct write): block, start, length, cut, second first.
+    SplitWrite(u64, usize, usize, usize, bool),
     Read(u64),
     /// Block, start, length (clamped to the block): a random read.
     ReadRange(u64, usize, usize),
@@ -519,6 +614,8 @@ fn part_op() -> impl Strategy<Value = PartOp> {
         // Whole sectors.
         2 => (0..8u64, 0..BS / SECTOR, 1..=BS / SECTOR, any::<u8>())
             .prop_map(|(k, f, l, v)| PartOp::Write(k, f * SECTOR, l * SECTOR, v)),
+        2 => (0..8u64, 0..BS, 1..=BS, 0..BS, any::<bool>())
+            .prop_map(|(k, f, l, cut, rev)| PartOp::SplitWrite(k, f, l, cut, rev)),
         2 => (0..8u64).prop_map(PartOp::Read),
         2 => (0..8u64, 0..BS, 1..=BS).prop_map(|(k, f, l)| PartOp::ReadRange(k, f, l)),
         1 => Just(PartOp::Flush),
@@ -545,6 +642,18 @@ proptest! {
                     let to = (from + len).min(BS);
                     write_at(&c, &b, (1, k), from, &vec![v; to - from]);
                     model.entry(k).or_insert_with(|| vec![0; BS])[from..to].fill(v);
+                }
+                PartOp::SplitWrite(k, from, len, cut, rev) => {
+                    let to = (from + len).min(BS);
+                    let cut = cut.clamp(from, to);
+                    let data: Vec<u8> = (from..to).map(|x| x as u8 ^ (k as u8) << 4).collect();
+                    let (a, b2) = ((from, &data[..cut - from]), (cut, &data[cut - from..]));
+                    for (at, piece) in if rev { [b2, a] } else { [a, b2] } {
+                        if !piece.is_empty() {
+                            write_at(&c, &b, (1, k), at, piece);
+                        }
+                    }
+                    model.entry(k).or_insert_with(|| vec![0; BS])[from..to].copy_from_slice(&data);
                 }
                 PartOp::Read(k) => {
                     let want = model.get(&k).cloned().unwrap_or_else(|| vec![0; BS]);

@@ -132,19 +132,10 @@ impl RmemFs {
             .map(|(&i, _)| i)
             .collect();
         for run in runs(&doomed) {
-            // Cached pages of doomed blocks become clean zeros: nothing of theirs is
-            // written back any more, and a later read of the hole finds zeros.
-            self.cache.access(
-                self,
-                inode.ino,
-                run,
-                |_| Fill::Overwrite,
-                |_, buf, dirty| {
-                    buf.fill(0);
-                    *dirty = false;
-                    Ok(())
-                },
-            )?;
+            // Cached pages of doomed blocks go, dirty or not: nothing of theirs is
+            // written back any more, and a later read of the hole finds zeros. (This
+            // holds the inode's io lock exclusively: no access brings them back.)
+            self.cache.invalidate_blocks(inode.ino, run);
         }
         let freed: Vec<_> = {
             let mut m = inode.meta();
