@@ -782,10 +782,11 @@ impl PageCache {
                 let result = f(start + n as u64, &mut g.buf, &mut dirty);
                 // What the callback wrote in full (Overwrite, Write) is now content.
                 g.valid |= gains[n];
+                // A part of a sector it overwrote whole is gone into that sector.
+                let valid = g.valid;
+                g.parts
+                    .retain(|p| valid & self.sectors.bit_of(p.start) == 0);
                 if dirty {
-                    let valid = g.valid;
-                    g.parts
-                        .retain(|p| valid & self.sectors.bit_of(p.start) == 0);
                     let (joined, ref written) = joins[n];
                     for sector in self.sectors.each(joined) {
                         let piece = written.start.max(sector.start)..written.end.min(sector.end);
