@@ -17,6 +17,7 @@ use crate::cache::{Fill, PageCache};
 use crate::error::{FsError, FsResult};
 use crate::inode::{Attr, BlockEntry, FileKind, Ino, Inode};
 use crate::namespace::{DirEntry, Namespace, NewInode, RenameMode};
+use crate::privs::{self, KillPrivs};
 use crate::remote::{BlockLoc, RemoteStore};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -50,6 +51,8 @@ pub struct SetAttr {
     pub size: Option<u64>,
     pub atime: Option<SetTime>,
     pub mtime: Option<SetTime>,
+    /// Whether to clear setuid/setgid first (a given `mode` still wins).
+    pub kill_privs: KillPrivs,
 }
 
 /// Filesystem-wide figures for statfs.
@@ -70,6 +73,9 @@ pub struct FileCounters {
     pub read_bytes: AtomicU64,
     pub writes: AtomicU64,
     pub write_bytes: AtomicU64,
+    /// getxattr calls answered: with `S_NOSEC` inodes the kernel no longer asks for
+    /// `security.capability` before each write (see `privs.rs`).
+    pub xattr_reads: AtomicU64,
 }
 
 impl FileCounters {
@@ -147,6 +153,9 @@ impl RmemFs {
             self.truncate(&inode, size)?;
         }
         let mut m = inode.meta();
+        if m.attr.kind != FileKind::Dir && req.kill_privs.applies_to(m.attr.perm) {
+            m.attr.perm = privs::without_privs(m.attr.perm);
+        }
         let now = SystemTime::now();
         let resolve = |t: SetTime| match t {
             SetTime::At(t) => t,
@@ -475,6 +484,18 @@ impl RmemFs {
         self.write_allocated(&inode, offset, data)
     }
 
+    /// Clears setuid/setgid of a file before a write by a caller without
+    /// `CAP_FSETID` (the kernel says so with the write; see `privs.rs`).
+    pub fn kill_privs(&self, ino: Ino) -> FsResult<()> {
+        let inode = self.file_inode(ino)?;
+        let mut m = inode.meta();
+        if privs::has_privs(m.attr.perm) {
+            m.attr.perm = privs::without_privs(m.attr.perm);
+            m.touch_ctime();
+        }
+        Ok(())
+    }
+
     /// The second half of [`RmemFs::write`]: `data` into blocks that have locations,
     /// under the caller's io lock. Writers hold that lock shared, so another write may
     /// have filled a block this one allocated, and the page may even have gone to
@@ -519,6 +540,9 @@ impl RmemFs {
             m.attr.size = end;
         }
         m.touch_mtime();
+        // A write drops file capabilities, as on a local filesystem. The kernel asks
+        // for that itself before writes through its page cache, not direct-I/O ones.
+        m.xattrs.remove(OsStr::new(privs::FILE_CAPABILITIES));
         let c = &self.counters;
         FileCounters::count(&c.writes, &c.write_bytes, data.len());
         Ok(data.len() as u32)

@@ -6,6 +6,7 @@ use crate::error::FsError;
 use crate::fs::{Allocate, Caller, RmemFs, Seek, SetAttr, SetTime, SetXattrMode};
 use crate::inode::{Attr, FileKind};
 use crate::namespace::RenameMode;
+use crate::privs::KillPrivs;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
@@ -24,11 +25,21 @@ pub const TTL: Duration = Duration::from_secs(1);
 const MAX_WRITE: u32 = 1 << 20;
 
 /// What fsd asks of the kernel at init: requests of up to 1 MiB (the kernel may
-/// grant less readahead), and with [`CacheMode::Direct`] shared mappings of handles
-/// that bypass the page cache.
+/// grant less readahead), clearing setuid/setgid itself (`FUSE_HANDLE_KILLPRIV_V2`,
+/// which spares a `security.capability` lookup per write; see `privs.rs`), and with
+/// [`CacheMode::Direct`] shared mappings of handles that bypass the page cache.
 pub fn configure_kernel(config: &mut KernelConfig, cache: CacheMode) {
     let _ = config.set_max_write(MAX_WRITE);
     let _ = config.set_max_readahead(MAX_WRITE);
+    if config
+        .add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2)
+        .is_err()
+    {
+        log::info!(
+            "this kernel lacks FUSE_HANDLE_KILLPRIV_V2 (Linux 5.11): it clears \
+             setuid/setgid itself and asks for security.capability before each write"
+        );
+    }
     if cache == CacheMode::Direct
         && config
             .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
@@ -232,7 +243,7 @@ impl Filesystem for FuseAdapter {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -248,15 +259,31 @@ impl Filesystem for FuseAdapter {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let req = SetAttr {
+        // With FUSE_HANDLE_KILLPRIV_V2 the kernel leaves setuid/setgid to us. fuser
+        // hides the request's FATTR_KILL_SUIDGID bit, so it is rebuilt from what the
+        // kernel sends: a chown clears them; a truncate clears them unless the caller
+        // has CAP_FSETID; a SETATTR that sets nothing is chown(f, -1, -1) or the
+        // kernel's file_remove_privs for an unprivileged write, fallocate or
+        // copy_file_range, and clears them too. A `mode` given alongside still wins.
+        let kill_privs = if uid.is_some() || gid.is_some() {
+            KillPrivs::Yes
+        } else if size.is_some() {
+            KillPrivs::UnlessCallerHasFsetid(req.pid())
+        } else if mode.is_none() && atime.is_none() && mtime.is_none() {
+            KillPrivs::Yes
+        } else {
+            KillPrivs::No
+        };
+        let change = SetAttr {
             mode,
             uid,
             gid,
             size,
             atime: atime.map(set_time),
             mtime: mtime.map(set_time),
+            kill_privs,
         };
-        self.attr(self.fs.setattr(ino.0, &req), reply);
+        self.attr(self.fs.setattr(ino.0, &change), reply);
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -392,11 +419,17 @@ impl Filesystem for FuseAdapter {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        // The kernel has checked the writer's CAP_FSETID (FUSE_HANDLE_KILLPRIV_V2).
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            if let Err(e) = self.fs.kill_privs(ino.0) {
+                return reply.error(errno(&e));
+            }
+        }
         match self.fs.write(ino.0, offset, data) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(&e)),

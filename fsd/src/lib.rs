@@ -2,6 +2,7 @@
 //!
 //! - [`fs`]: the filesystem core (operations, data path); no FUSE in it.
 //! - [`namespace`], [`inode`]: directories, inodes and their locks.
+//! - [`privs`]: clearing setuid/setgid on write, truncate and chown.
 //! - [`cache`]: the LRU page cache with write-back.
 //! - [`remote`]: memnode connections, block placement and batched block I/O.
 //! - [`fuse`]: the thin fuser adapter, the only place errno appears.
@@ -18,5 +19,6 @@ pub mod fuse;
 pub mod inode;
 pub mod mount;
 pub mod namespace;
+pub mod privs;
 pub mod remote;
 pub mod stats;

@@ -17,6 +17,7 @@ pub struct Snapshot {
     pub file_read_bytes: u64,
     pub file_writes: u64,
     pub file_write_bytes: u64,
+    pub xattr_reads: u64,
     pub remote_reads: u64,
     pub remote_read_bytes: u64,
     pub remote_writes: u64,
@@ -53,6 +54,7 @@ impl Snapshot {
             file_read_bytes: get(&f.read_bytes),
             file_writes: get(&f.writes),
             file_write_bytes: get(&f.write_bytes),
+            xattr_reads: get(&f.xattr_reads),
             remote_reads: get(&r.reads),
             remote_read_bytes: get(&r.read_bytes),
             remote_writes: get(&r.writes),
@@ -91,6 +93,7 @@ impl Snapshot {
             ("file_read_bytes", self.file_read_bytes),
             ("file_writes", self.file_writes),
             ("file_write_bytes", self.file_write_bytes),
+            ("xattr_reads", self.xattr_reads),
             ("remote_reads", self.remote_reads),
             ("remote_read_bytes", self.remote_read_bytes),
             ("remote_writes", self.remote_writes),
@@ -189,7 +192,7 @@ mod tests {
         assert!(json.contains("\"remote_read_bytes\": 196608,"), "{json}");
         assert!(json.contains("\"chunk_allocs\": 1,"), "{json}");
         assert!(json.contains("\"block_size\": 65536,"), "{json}");
-        assert_eq!(json.matches(':').count(), 21 + 7 + 2 * 2);
+        assert_eq!(json.matches(':').count(), 22 + 7 + 2 * 2);
     }
 
     #[test]

@@ -390,6 +390,48 @@ fn two_writers_racing_into_a_new_block_both_land_even_if_it_is_evicted_between_t
 
 mod subblock;
 
+#[test]
+fn chown_and_unprivileged_writes_clear_setuid_and_group_executable_setgid() {
+    let r = rig(16 << 20, 4 * BS, 1 << 20);
+    let perm = |ino| r.fs.getattr(ino).unwrap().perm;
+    let set = |ino, change: SetAttr| r.fs.setattr(ino, &change).unwrap().perm;
+    let f = r.fs.create(ROOT_INO, "f".as_ref(), 0o6777, ME).unwrap().ino;
+    let chown = SetAttr {
+        uid: Some(7),
+        kill_privs: KillPrivs::Yes,
+        ..SetAttr::default()
+    };
+    assert_eq!(set(f, chown.clone()), 0o0777);
+
+    // A mode given with the change wins over the clearing.
+    let chown_and_chmod = SetAttr {
+        mode: Some(0o6755),
+        ..chown.clone()
+    };
+    assert_eq!(set(f, chown_and_chmod), 0o6755);
+    assert_eq!(
+        set(f, SetAttr::default()),
+        0o6755,
+        "KillPrivs::No keeps them"
+    );
+
+    r.fs.kill_privs(f).unwrap();
+    assert_eq!(
+        perm(f),
+        0o0755,
+        "what a write by a caller without CAP_FSETID does"
+    );
+
+    // setgid without group-execute means mandatory locking: it stays.
+    let g = r.fs.create(ROOT_INO, "g".as_ref(), 0o6767, ME).unwrap().ino;
+    r.fs.kill_privs(g).unwrap();
+    assert_eq!(perm(g), 0o2767);
+
+    let d = r.fs.mkdir(ROOT_INO, "d".as_ref(), 0o6777, ME).unwrap().ino;
+    assert_eq!(set(d, chown), 0o6777, "directories keep them");
+    assert_eq!(r.fs.kill_privs(d), Err(FsError::IsDir));
+}
+
 /// A file of `blocks` blocks of pattern `seed`, written back and out of the cache
 /// from block 0 on (the cache holds only its last blocks).
 fn file_mostly_in_remote_memory(r: &Rig, blocks: u64, seed: u64) -> (Ino, Vec<u8>) {

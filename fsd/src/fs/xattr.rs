@@ -16,6 +16,7 @@ use super::RmemFs;
 use crate::error::{FsError, FsResult};
 use crate::inode::Ino;
 use std::ffi::OsStr;
+use std::sync::atomic::Ordering;
 
 /// Namespaces a name may be in.
 const NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
@@ -63,6 +64,7 @@ impl RmemFs {
     }
 
     pub fn getxattr(&self, ino: Ino, name: &OsStr) -> FsResult<Vec<u8>> {
+        self.counters.xattr_reads.fetch_add(1, Ordering::Relaxed);
         check_namespace(name)?;
         let inode = self.ns.get(ino)?;
         let m = inode.meta();

@@ -7,9 +7,10 @@
 //! itself: the same fuser, init settings (`fsd::fuse::configure_kernel`), entry and
 //! attribute TTL, open flags (through the page cache, or not with `--direct-io` as
 //! with fsd's), mount options and number of
-//! request loops (`fsd::mount`), and the same kind of answer to the getxattr the
-//! kernel sends before every write(2). The only work left is FUSE's own: the
-//! kernel's copies and the round trips to this process.
+//! request loops (`fsd::mount`), and the same kind of answer to getxattr. The only
+//! work left is FUSE's own: the kernel's copies and the round trips to this process.
+//! It takes over clearing setuid/setgid from the kernel as fsd does
+//! (`FUSE_HANDLE_KILLPRIV_V2`) but, keeping nothing that matters, does not clear them.
 
 mod fuse;
 mod namespace;
