@@ -71,9 +71,10 @@ pub struct Options {
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
     /// Turn extended attributes off: every xattr call then fails with EOPNOTSUPP,
-    /// as on a filesystem without them. Makes small writes faster: with attributes
-    /// on, the kernel asks fsd for "security.capability" before every write(2),
-    /// a FUSE round trip of its own.
+    /// as on a filesystem without them. On kernels before Linux 5.11 it also makes
+    /// small writes faster: there the kernel asks fsd for "security.capability"
+    /// before every write(2), a FUSE round trip of its own (later kernels stop
+    /// asking once fsd takes over clearing setuid/setgid, FUSE_HANDLE_KILLPRIV_V2).
     #[arg(long)]
     pub no_xattrs: bool,
     /// Bypass the kernel's page cache: every read and write goes to fsd, whose

@@ -350,9 +350,9 @@ impl Filesystem for NullFs {
     }
 
     /// No file has extended attributes, but the answer is ENODATA as from fsd, not
-    /// ENOSYS: after ENOSYS the kernel stops asking, while fsd gets (and answers) a
-    /// getxattr("security.capability") before every write(2), since FUSE mounts
-    /// never skip that check (no SB_NOSEC). That round trip is FUSE's cost too.
+    /// ENOSYS: after ENOSYS the kernel stops asking. On kernels without
+    /// FUSE_HANDLE_KILLPRIV_V2 (before Linux 5.11) both then answer a
+    /// getxattr("security.capability") before every write(2), FUSE's cost there.
     fn getxattr(&self, _req: &Request, ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
         match self.ns().getattr(ino.0) {
             Ok(_) => reply.error(Errno::ENODATA),
