@@ -4,7 +4,7 @@
 //! to the memnode and read back from it all the time.
 
 use rmemfs_tests::binaries::fsx;
-use rmemfs_tests::{fresh_dir, heavy_test, FsdMount, MemnodeProc, StatsFile};
+use rmemfs_tests::{fresh_dir, heavy_test, FsdMount, MemnodeProc, Pattern, StatsFile, MIB};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -161,6 +161,11 @@ fn fsx_runs_50000_operations_with_direct_io_without_a_miscompare() {
 /// runs changes nothing fsx can see: write-backs move to the survivors, reads fail
 /// over, and re-replication (through the same cache fsx is using) races fsx's writes,
 /// truncates and mmap writes without a miscompare.
+///
+/// A second file that fsx never touches is written first: its blocks are certain to
+/// have copies on the memnode that dies, so re-replication certainly has work (fsx's
+/// own file may by then have been truncated and rewritten onto the survivors only),
+/// and its bytes must come through intact.
 #[test]
 fn fsx_sees_no_miscompare_when_a_memnode_dies_under_two_replicas() {
     let _serial = heavy_test();
@@ -181,6 +186,12 @@ fn fsx_sees_no_miscompare_when_a_memnode_dies_under_two_replicas() {
             stats.arg(),
         ],
     );
+    let steady = Pattern::for_test("file beside fsx's while a memnode dies");
+    let steady_path = fsd.join("steady");
+    steady.write_file(&steady_path, 4 * MIB);
+    std::fs::File::open(&steady_path)
+        .and_then(|f| f.sync_all())
+        .expect("fsync the steady file");
     run_fsx(&fsd, ops, seed, Duration::from_secs(3), || {
         println!("killing memnode 1 while fsx runs");
         nodes[1].kill();
@@ -194,5 +205,6 @@ fn fsx_sees_no_miscompare_when_a_memnode_dies_under_two_replicas() {
         s.value("rereplicated_blocks") > 0 && s.value("blocks_lost") == 0,
         "copies lost with memnode 1 should have been restored and none lost: {s}"
     );
+    steady.verify_file(&steady_path, 4 * MIB);
     fsd.unmount();
 }
