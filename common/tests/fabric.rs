@@ -90,7 +90,8 @@ struct Fixture {
 
 fn server() -> Fixture {
     let t = transport();
-    let listener = fabric::bind(t, &listen_addr()).expect("bind the test server");
+    let listener =
+        fabric::bind(t, &listen_addr(), fabric::DEFAULT_POLL).expect("bind the test server");
     let registry = listener.registry();
     let server = listener
         .serve(Arc::new(TestControl { registry }))
@@ -101,7 +102,7 @@ fn server() -> Fixture {
 
 impl Fixture {
     fn connect(&self, client: u64) -> Box<dyn Endpoint> {
-        fabric::connect(self.t, &self.peer, client, TIMEOUT).expect("connect")
+        fabric::connect(self.t, &self.peer, client, TIMEOUT, fabric::DEFAULT_POLL).expect("connect")
     }
 
     /// A connection that has said hello as `client`.

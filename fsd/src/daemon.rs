@@ -27,6 +27,10 @@ const CLEANER_IDLE_WAIT: Duration = Duration::from_millis(200);
 /// How long the prefetch thread waits for a job before checking for the stop.
 const PREFETCH_IDLE_WAIT: Duration = Duration::from_millis(200);
 
+/// `--poll-us` default and limit (a second: beyond that polling is just a busy loop).
+const DEFAULT_POLL_US: u64 = fabric::DEFAULT_POLL.as_micros() as u64;
+const MAX_POLL_US: u64 = 1_000_000;
+
 fn size_arg(s: &str) -> Result<u64, String> {
     parse_size(s)
 }
@@ -93,6 +97,12 @@ pub struct Options {
     /// an RDMA device and the memnode is not on a loopback address, else tcp).
     #[arg(long, default_value = "auto", value_parser = clap::value_parser!(Transport))]
     pub transport: Transport,
+    /// Microseconds a thread waiting for a memnode's answer polls for it before it
+    /// sleeps, over tcp (0: sleep at once). Polling spends CPU to cut latency where
+    /// waking a sleeping thread is slow, as on VMs whose idle CPUs halt.
+    #[arg(long, value_name = "MICROS", default_value_t = DEFAULT_POLL_US,
+          value_parser = clap::value_parser!(u64).range(0..=MAX_POLL_US))]
+    pub poll_us: u64,
     /// Write statistics (remote operations and bytes, cache hits and misses) as JSON
     /// to this file, replaced once a second and at exit.
     #[arg(long, value_name = "PATH")]
@@ -198,6 +208,7 @@ impl StopSignal {
 pub fn run(opts: Options) -> anyhow::Result<()> {
     opts.validate()?;
     let timeout = Duration::from_secs_f64(opts.op_timeout);
+    let poll = Duration::from_micros(opts.poll_us);
     let mut token = opts.token.clone().unwrap_or_default().into_bytes();
     let mut memnodes = opts.memnodes.clone();
     let _embedded = if memnodes.is_empty() {
@@ -214,6 +225,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             token: Some(token.clone()),
             huge_pages: false,
             transport,
+            poll,
         })
         .context("starting the embedded memnode")?;
         log::info!(
@@ -236,8 +248,9 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     }
     let client_id = random_u64();
     let transport = opts.transport;
-    let connector: Arc<Connector> =
-        Arc::new(move |peer: &str, client: u64| fabric::connect(transport, peer, client, timeout));
+    let connector: Arc<Connector> = Arc::new(move |peer: &str, client: u64| {
+        fabric::connect(transport, peer, client, timeout, poll)
+    });
     let remote = RemoteStore::connect(
         &memnodes,
         &RemoteConfig {

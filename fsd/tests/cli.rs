@@ -1,4 +1,5 @@
-//! fsd's command line: transport selection fails clearly, never with a panic.
+//! fsd's command line: bad options and transport selection fail clearly, never
+//! with a panic.
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -34,6 +35,16 @@ fn verbs_without_an_rdma_device_fails_at_once_naming_the_device() {
         assert!(err.contains("no RDMA device"), "fsd {args:?}: {err}");
         assert!(!err.contains("panicked"), "fsd {args:?} panicked: {err}");
         assert!(took < Duration::from_secs(10), "fsd {args:?} took {took:?}");
+    }
+}
+
+#[test]
+fn a_poll_budget_that_is_not_0_to_a_second_in_micros_is_a_usage_error() {
+    for bad in ["-1", "lots", "1000001", "100us"] {
+        let (out, _) = fsd(&[&format!("--poll-us={bad}")]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "--poll-us {bad}: {err}");
+        assert!(err.contains("--poll-us"), "--poll-us {bad}: {err}");
     }
 }
 

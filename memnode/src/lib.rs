@@ -45,6 +45,9 @@ pub struct MemnodeConfig {
     pub huge_pages: bool,
     /// The fabric backend to serve on (`Auto`: verbs when there is an RDMA device).
     pub transport: Transport,
+    /// How long a tcp connection thread polls for a client's next request before it
+    /// sleeps ([`rmemfs_common::fabric::bind`]).
+    pub poll: std::time::Duration,
 }
 
 /// Why a memnode could not start.
@@ -107,7 +110,8 @@ impl Memnode {
             })?;
         let transport_choice = transport.describe_choice();
         log::info!("transport {transport_choice}");
-        let listener = fabric::bind(transport, &cfg.listen).map_err(MemnodeError::Bind)?;
+        let listener =
+            fabric::bind(transport, &cfg.listen, cfg.poll).map_err(MemnodeError::Bind)?;
         let region = Arc::new(region::Region::reserve(cfg.size, cfg.huge_pages)?);
         let pool = Arc::new(pool::ChunkPool::new(region.clone(), listener.registry()));
         let node_id = random_node_id()?;

@@ -8,7 +8,7 @@
 
 use clap::Parser;
 use memnode::{Memnode, MemnodeConfig};
-use rmemfs_common::fabric::Transport;
+use rmemfs_common::fabric::{self, Transport};
 use rmemfs_common::size::parse_size;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -45,6 +45,13 @@ struct Cli {
     /// device, tcp otherwise).
     #[arg(long, value_name = "auto|verbs|tcp", default_value = "auto", value_parser = Transport::from_str)]
     transport: Transport,
+
+    /// Microseconds a connection thread polls for a client's next request before it
+    /// sleeps, over tcp (0: sleep at once; verbs: unused, the NIC serves requests).
+    /// Polling spends CPU to cut latency where waking a sleeping thread is slow.
+    #[arg(long, value_name = "MICROS", default_value_t = fabric::DEFAULT_POLL.as_micros() as u64,
+          value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    poll_us: u64,
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -77,6 +84,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         token: cli.token.map(String::into_bytes),
         huge_pages: cli.huge_pages,
         transport: cli.transport,
+        poll: std::time::Duration::from_micros(cli.poll_us),
     })
     .with_context(|| format!("starting memnode on {}", cli.listen))?;
     let capacity = node.stats().capacity;

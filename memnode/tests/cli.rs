@@ -11,7 +11,7 @@ use rmemfs_common::protocol::ErrorCode;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use support::TIMEOUT;
 
 fn memnode(args: &[&str], token_env: Option<&str>) -> Command {
@@ -182,6 +182,15 @@ fn the_token_can_come_from_the_environment() {
 }
 
 #[test]
+fn a_bad_poll_budget_is_a_usage_error_with_exit_code_2() {
+    for bad in ["-1", "lots", "1000001"] {
+        let (status, err) = run_to_exit(&[&format!("--poll-us={bad}")]);
+        assert_eq!(status.code(), Some(2), "--poll-us {bad}: {err}");
+        assert!(err.contains("--poll-us"), "--poll-us {bad}: {err}");
+    }
+}
+
+#[test]
 fn a_bad_size_is_a_usage_error_with_exit_code_2() {
     for size in ["lots", "12X", "0", "99999999999T"] {
         let (status, err) = run_to_exit(&["--size", size]);
@@ -228,7 +237,7 @@ fn auto_is_the_default_and_says_which_transport_it_picked() {
             "{args:?}: expected auto to pick {want} and say why, got {:?}",
             node.transport
         );
-        let ep = fabric::connect(Transport::Auto, &node.addr, 1, TIMEOUT)
+        let ep = fabric::connect(Transport::Auto, &node.addr, 1, TIMEOUT, Duration::ZERO)
             .expect("a client with --transport auto connects");
         control::hello(ep.as_ref(), 1, b"").expect("Hello over the chosen transport");
     }

@@ -197,13 +197,19 @@ impl MemnodeProc {
     /// said Hello with a fresh random client id (returned beside it).
     pub fn client(&self) -> (Box<dyn Endpoint>, u64) {
         let id = rand::random::<u64>();
-        let ep =
-            fabric::connect(self.transport, &self.addr, id, CONTROL_TIMEOUT).unwrap_or_else(|e| {
-                panic!(
-                    "connecting to memnode {} over {}: {e}",
-                    self.addr, self.transport
-                )
-            });
+        let ep = fabric::connect(
+            self.transport,
+            &self.addr,
+            id,
+            CONTROL_TIMEOUT,
+            Duration::ZERO,
+        )
+        .unwrap_or_else(|e| {
+            panic!(
+                "connecting to memnode {} over {}: {e}",
+                self.addr, self.transport
+            )
+        });
         control::hello(&*ep, id, &self.token)
             .unwrap_or_else(|e| panic!("hello to memnode {} refused: {e}", self.addr));
         (ep, id)

@@ -307,31 +307,48 @@ pub fn local_host(transport: Transport) -> Option<String> {
 
 /// Opens the active side of one connection to `peer` ("host:port") as client
 /// `client_id` (verbs puts the queue pair in that client's protection domain on the
-/// memnode; the Hello that follows must name the same client).
+/// memnode; the Hello that follows must name the same client). Over tcp a caller
+/// polls for up to `poll` for its completions before it sleeps; verbs sleeps on its
+/// completion channel whatever `poll` is.
 pub fn connect(
     transport: Transport,
     peer: &str,
     client_id: u64,
     timeout: Duration,
+    poll: Duration,
 ) -> Result<Box<dyn Endpoint>, FabricError> {
     match resolve_for(transport, peer)? {
         #[cfg(feature = "verbs")]
         Transport::Verbs => verbs::VerbsEndpoint::connect(peer, client_id, timeout),
         _ => {
             let _ = client_id;
-            Ok(Box::new(tcp::TcpEndpoint::connect(peer, timeout)?))
+            Ok(Box::new(
+                tcp::TcpEndpoint::connect(peer, timeout)?.with_poll(poll),
+            ))
         }
     }
 }
 
-/// Binds the passive side to `listen` ("host:port"; port 0 picks a free port).
-pub fn bind(transport: Transport, listen: &str) -> Result<Box<dyn Listener>, FabricError> {
+/// Binds the passive side to `listen` ("host:port"; port 0 picks a free port). Over
+/// tcp each connection thread polls for up to `poll` for the next request before it
+/// sleeps; over verbs the NIC serves one-sided requests and `poll` is unused.
+pub fn bind(
+    transport: Transport,
+    listen: &str,
+    poll: Duration,
+) -> Result<Box<dyn Listener>, FabricError> {
     match resolve_for(transport, listen)? {
         #[cfg(feature = "verbs")]
         Transport::Verbs => verbs::VerbsListener::bind(listen),
-        _ => Ok(Box::new(tcp::TcpListener::bind(listen)?)),
+        _ => Ok(Box::new(tcp::TcpListener::bind(listen)?.with_poll(poll))),
     }
 }
+
+/// The default for `poll` in [`connect`] and [`bind`] (fsd's and memnode's
+/// `--poll-us`): a few loopback or LAN round trips, so a thread waiting for a
+/// completion, or a memnode waiting for the next request of a client that is
+/// working, rarely sleeps, while an idle one stops polling soon.
+pub const DEFAULT_POLL: Duration = Duration::from_micros(100);
 
 /// Tells the fabric that `[ptr, ptr + len)` will serve as local buffers of many
 /// operations (fsd's page cache): verbs registers it once with every protection

@@ -20,6 +20,7 @@ fn start_node(listen: &str) -> memnode::Memnode {
         token: None,
         huge_pages: false,
         transport: Transport::Tcp,
+        poll: std::time::Duration::ZERO,
     })
     .expect("memnode starts")
 }

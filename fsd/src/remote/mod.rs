@@ -543,6 +543,7 @@ mod tests {
             token: None,
             huge_pages: false,
             transport: rmemfs_common::fabric::Transport::Tcp,
+            poll: std::time::Duration::ZERO,
         })
         .expect("memnode starts");
         let connect: Arc<Connector> = Arc::new(|peer: &str, _client: u64| {

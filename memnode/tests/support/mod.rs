@@ -24,6 +24,7 @@ pub fn start_with_token(size: u64, token: Option<&[u8]>) -> Memnode {
         token: token.map(<[u8]>::to_vec),
         huge_pages: false,
         transport: Transport::Tcp,
+        poll: std::time::Duration::ZERO,
     })
     .expect("a memnode on 127.0.0.1:0 starts")
 }

@@ -25,12 +25,13 @@
 //! fails at once with `Disconnected`. A thread queued behind a stalled call waits for
 //! that call's deadline first.
 
+use super::direct;
 use super::wire::*;
 use crate::fabric::{Endpoint, FabricError, RdmaOp, MAX_DATA_OP};
 use crate::protocol::MAX_CONTROL_FRAME;
 use std::io::{BufReader, IoSlice, Read};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -61,6 +62,8 @@ struct Io {
     next_wr_id: u64,
     /// The socket's receive timeout now.
     read_timeout: Duration,
+    /// How long to poll for a completion before sleeping in the read.
+    poll: Duration,
 }
 
 impl Io {
@@ -125,6 +128,12 @@ impl Io {
     }
 
     fn header_by(&mut self, deadline: Instant) -> Result<CompletionHeader, RxError> {
+        if self.r.buffer().is_empty() {
+            // Waiting for the peer to answer: poll before sleeping (see
+            // `direct::poll_readable`). The payload that follows a header comes
+            // with it or right after, so only headers are polled for.
+            direct::poll_readable(self.w.as_fd(), self.poll);
+        }
         let mut b = [0u8; COMPLETION_HEADER_LEN];
         self.read_exact_by(&mut b, deadline)?;
         let h = CompletionHeader::decode(&b);
@@ -205,10 +214,18 @@ impl TcpEndpoint {
                 w: write_half,
                 next_wr_id: 1,
                 read_timeout: timeout,
+                poll: Duration::ZERO,
             }),
             stream,
             dead: Mutex::new(None),
         })
+    }
+
+    /// Makes a caller poll for up to `poll` for its completions before it sleeps
+    /// (zero, the default, sleeps at once): lower latency for CPU time.
+    pub fn with_poll(mut self, poll: Duration) -> TcpEndpoint {
+        self.io.get_mut().unwrap_or_else(|e| e.into_inner()).poll = poll;
+        self
     }
 
     fn disconnected(&self) -> Option<FabricError> {

@@ -106,6 +106,40 @@ pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> 
     }
 }
 
+/// Polls `fd` for up to `budget` without sleeping, giving the CPU to any other
+/// runnable thread between looks; true as soon as it is readable (or closed), false
+/// once the budget is spent. A zero budget returns false at once.
+///
+/// Why: on a host whose idle CPUs halt, waking a sleeping thread costs far more than
+/// the loopback or LAN round trip it waited for (about 35 µs a wakeup on the 2-core
+/// VMs this is benchmarked on, against a 15 µs round trip when both sides poll).
+/// Polling for a completion a little while before sleeping is what RDMA programs
+/// do with their completion queues; here it keeps a memnode's connection thread
+/// awake for the next request and fsd's thread awake for its completion.
+pub fn poll_readable(fd: BorrowedFd<'_>, budget: Duration) -> bool {
+    if budget.is_zero() {
+        return false;
+    }
+    let start = std::time::Instant::now();
+    loop {
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; a zero timeout never sleeps.
+        if unsafe { libc::poll(&mut p, 1, 0) } != 0 {
+            // Readable, closed, or an error the read that follows will report.
+            return true;
+        }
+        if start.elapsed() >= budget {
+            return false;
+        }
+        // SAFETY: no arguments; it cannot fail on Linux.
+        unsafe { libc::sched_yield() };
+    }
+}
+
 /// The parts of `parts` left after the first `sent` bytes.
 pub fn after<'a>(parts: &[&'a [u8]], mut sent: usize) -> Vec<io::IoSlice<'a>> {
     let mut rest = Vec::with_capacity(parts.len());
@@ -162,6 +196,24 @@ mod tests {
         assert!(wait_readable(b.as_fd(), Duration::from_secs(5)).unwrap());
         assert_eq!(recv().unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
         assert_eq!(&buf[..3], b"xyz");
+    }
+
+    #[test]
+    fn poll_readable_sees_data_and_gives_up_on_a_silent_socket() {
+        let (mut a, b) = pair();
+        let budget = Duration::from_millis(5);
+        assert!(!poll_readable(b.as_fd(), Duration::ZERO));
+        let start = std::time::Instant::now();
+        assert!(!poll_readable(b.as_fd(), budget));
+        assert!(start.elapsed() >= budget, "gave up before its budget");
+        a.write_all(b"x").unwrap();
+        // The byte may take a moment on loopback: poll far longer than that.
+        assert!(poll_readable(b.as_fd(), Duration::from_secs(5)));
+        // A closed peer counts as readable (the read then sees the end).
+        let (a2, b2) = pair();
+        drop(a2);
+        assert!(poll_readable(b2.as_fd(), Duration::from_secs(5)));
+        drop(a);
     }
 
     #[test]

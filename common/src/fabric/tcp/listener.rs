@@ -10,6 +10,7 @@ use super::server::TcpServer;
 use crate::fabric::{ControlHandler, FabricError, Listener, MemoryRegistry, Server};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A bound tcp listening socket and the registry its connections will access.
 #[derive(Debug)]
@@ -17,6 +18,7 @@ pub struct TcpListener {
     socket: std::net::TcpListener,
     addr: SocketAddr,
     registry: Arc<TcpRegistry>,
+    poll: Duration,
 }
 
 impl TcpListener {
@@ -30,12 +32,20 @@ impl TcpListener {
             socket,
             addr,
             registry: Arc::new(TcpRegistry::new()),
+            poll: Duration::ZERO,
         })
+    }
+
+    /// Makes each connection thread poll for up to `poll` for the client's next
+    /// request before it sleeps (zero, the default, sleeps at once).
+    pub fn with_poll(mut self, poll: Duration) -> TcpListener {
+        self.poll = poll;
+        self
     }
 
     /// Starts accepting and serving connections on background threads.
     pub fn start(self, control: Arc<dyn ControlHandler>) -> std::io::Result<TcpServer> {
-        TcpServer::start(self.socket, self.registry, control)
+        TcpServer::start(self.socket, self.registry, control, self.poll)
     }
 }
 

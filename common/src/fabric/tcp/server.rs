@@ -40,6 +40,8 @@ const DIRECT_PAYLOAD: usize = 8 << 10;
 
 struct Services {
     registry: Arc<TcpRegistry>,
+    /// How long a connection thread polls for the next request before sleeping.
+    poll: std::time::Duration,
     control: Arc<dyn ControlHandler>,
     live: AtomicUsize,
     next_conn_id: AtomicU64,
@@ -64,10 +66,12 @@ impl TcpServer {
         listener: TcpListener,
         registry: Arc<TcpRegistry>,
         control: Arc<dyn ControlHandler>,
+        poll: std::time::Duration,
     ) -> std::io::Result<TcpServer> {
         let addr = listener.local_addr()?;
         let services = Arc::new(Services {
             registry,
+            poll,
             control,
             live: AtomicUsize::new(0),
             next_conn_id: AtomicU64::new(1),
@@ -203,6 +207,8 @@ fn access_status(e: AccessError) -> u8 {
 struct FrameReader {
     r: BufReader<TcpStream>,
     armed: bool,
+    /// How long to poll for the next request before sleeping.
+    poll: std::time::Duration,
 }
 
 impl FrameReader {
@@ -223,6 +229,9 @@ impl FrameReader {
     fn next_frame(&mut self) -> Result<bool, String> {
         if self.r.buffer().is_empty() {
             self.set_armed(false)?;
+            // A client that just got its completion often sends its next request
+            // at once: poll a while before sleeping (see `direct::poll_readable`).
+            direct::poll_readable(self.r.get_ref().as_fd(), self.poll);
         }
         match self.r.fill_buf() {
             Ok(b) => Ok(!b.is_empty()),
@@ -419,6 +428,7 @@ fn serve(stream: TcpStream, conn: &mut ConnectionState, s: &Services) -> Result<
     let mut r = FrameReader {
         r: BufReader::with_capacity(STREAM_BUFFER, stream),
         armed: false,
+        poll: s.poll,
     };
     let mut out = Outbox {
         stream: write_half,
