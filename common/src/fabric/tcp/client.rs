@@ -40,6 +40,8 @@ pub const MAX_RUN: usize = 1024;
 /// Receive buffer: a small completion (a 4 KiB READ's) arrives with its header in
 /// one read; most of a large payload bypasses it and lands in the caller's buffer.
 const RX_BUFFER: usize = 16 << 10;
+/// The callers of this process that may poll for completions at once.
+static POLLERS: direct::PollSlots = direct::PollSlots::new();
 /// Most of an error completion's message that is kept.
 const MAX_MESSAGE: usize = 4096;
 
@@ -132,7 +134,7 @@ impl Io {
             // Waiting for the peer to answer: poll before sleeping (see
             // `direct::poll_readable`). The payload that follows a header comes
             // with it or right after, so only headers are polled for.
-            direct::poll_readable(self.w.as_fd(), self.poll);
+            direct::poll_readable(self.w.as_fd(), self.poll, &POLLERS);
         }
         let mut b = [0u8; COMPLETION_HEADER_LEN];
         self.read_exact_by(&mut b, deadline)?;

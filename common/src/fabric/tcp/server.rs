@@ -38,6 +38,9 @@ const STREAM_BUFFER: usize = 16 << 10;
 /// costs less than a syscall of its own).
 const DIRECT_PAYLOAD: usize = 8 << 10;
 
+/// The connection threads of this process that may poll for requests at once.
+static POLLERS: direct::PollSlots = direct::PollSlots::new();
+
 struct Services {
     registry: Arc<TcpRegistry>,
     /// How long a connection thread polls for the next request before sleeping.
@@ -231,7 +234,7 @@ impl FrameReader {
             self.set_armed(false)?;
             // A client that just got its completion often sends its next request
             // at once: poll a while before sleeping (see `direct::poll_readable`).
-            direct::poll_readable(self.r.get_ref().as_fd(), self.poll);
+            direct::poll_readable(self.r.get_ref().as_fd(), self.poll, &POLLERS);
         }
         match self.r.fill_buf() {
             Ok(b) => Ok(!b.is_empty()),
