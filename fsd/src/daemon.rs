@@ -27,9 +27,8 @@ const CLEANER_IDLE_WAIT: Duration = Duration::from_millis(200);
 /// How long the prefetch thread waits for a job before checking for the stop.
 const PREFETCH_IDLE_WAIT: Duration = Duration::from_millis(200);
 
-/// `--poll-us` default and limit (a second: beyond that polling is just a busy loop).
+/// `--poll-us` default.
 const DEFAULT_POLL_US: u64 = fabric::DEFAULT_POLL.as_micros() as u64;
-const MAX_POLL_US: u64 = 1_000_000;
 
 fn size_arg(s: &str) -> Result<u64, String> {
     parse_size(s)
@@ -101,7 +100,7 @@ pub struct Options {
     /// sleeps, over tcp (0: sleep at once). Polling spends CPU to cut latency where
     /// waking a sleeping thread is slow, as on VMs whose idle CPUs halt.
     #[arg(long, value_name = "MICROS", default_value_t = DEFAULT_POLL_US,
-          value_parser = clap::value_parser!(u64).range(0..=MAX_POLL_US))]
+          value_parser = clap::value_parser!(u64).range(0..=fabric::MAX_POLL_US))]
     pub poll_us: u64,
     /// Write statistics (remote operations and bytes, cache hits and misses) as JSON
     /// to this file, replaced once a second and at exit.

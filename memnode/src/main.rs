@@ -50,7 +50,7 @@ struct Cli {
     /// sleeps, over tcp (0: sleep at once; verbs: unused, the NIC serves requests).
     /// Polling spends CPU to cut latency where waking a sleeping thread is slow.
     #[arg(long, value_name = "MICROS", default_value_t = fabric::DEFAULT_POLL.as_micros() as u64,
-          value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+          value_parser = clap::value_parser!(u64).range(0..=fabric::MAX_POLL_US))]
     poll_us: u64,
 }
 

@@ -349,6 +349,9 @@ pub fn bind(
 /// completion, or a memnode waiting for the next request of a client that is
 /// working, rarely sleeps, while an idle one stops polling soon.
 pub const DEFAULT_POLL: Duration = Duration::from_micros(100);
+/// The largest `--poll-us` either binary takes: a second (beyond that, polling is
+/// just a busy loop).
+pub const MAX_POLL_US: u64 = 1_000_000;
 
 /// Tells the fabric that `[ptr, ptr + len)` will serve as local buffers of many
 /// operations (fsd's page cache): verbs registers it once with every protection

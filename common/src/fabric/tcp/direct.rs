@@ -112,8 +112,8 @@ pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> 
 /// threads waiting for requests) may poll at once. Pollers yield to each other, but
 /// more of them than CPUs to spare only take turns burning time that the threads
 /// with work (fio, FUSE requests, the cleaner) need: with four fio jobs, four fsd
-/// threads and four memnode threads polling on 2 cores, random reads ran at a
-/// third of their speed without polling.
+/// threads and four memnode threads polling on 2 cores, the 4-job random-read job
+/// ran at about a third of its speed without polling.
 pub struct PollSlots {
     busy: AtomicUsize,
 }
