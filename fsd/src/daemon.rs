@@ -84,8 +84,15 @@ pub struct Options {
     /// --cache is then the only copy in local memory. Streams run faster and the
     /// page cache does not fill with the mount's data; re-reads the page cache would
     /// have answered cost a round trip to fsd. Shared mmap needs Linux 6.6.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "writeback_cache")]
     pub direct_io: bool,
+    /// Let the kernel cache writes and write them back later (FUSE write-back
+    /// cache): small writes return without a round trip to fsd. fsd then learns of
+    /// a write only when the kernel writes it back, so a full remote memory is
+    /// reported by fsync or close rather than by the write, st_blocks and df lag
+    /// until write-back, and SEEK_HOLE finds no holes.
+    #[arg(long)]
+    pub writeback_cache: bool,
     /// Data connections per memnode.
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
@@ -294,11 +301,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             fs.clone(),
             MountChoices {
                 xattrs: !opts.no_xattrs,
-                cache: if opts.direct_io {
-                    CacheMode::Direct
-                } else {
-                    CacheMode::PageCache
-                },
+                cache: CacheMode::from_flags(opts.direct_io, opts.writeback_cache),
             },
         ),
         &opts.mountpoint,
@@ -390,4 +393,28 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     result?;
     log::info!("unmounted {}", opts.mountpoint.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Options;
+    use crate::fuse::CacheMode;
+    use clap::Parser;
+
+    fn cache_mode(flags: &[&str]) -> Result<CacheMode, clap::Error> {
+        let args = ["fsd", "/mnt"].iter().chain(flags);
+        Options::try_parse_from(args).map(|o| CacheMode::from_flags(o.direct_io, o.writeback_cache))
+    }
+
+    #[test]
+    fn cache_flags_choose_the_cache_mode_and_exclude_each_other() {
+        assert_eq!(cache_mode(&[]).unwrap(), CacheMode::PageCache);
+        assert_eq!(cache_mode(&["--direct-io"]).unwrap(), CacheMode::Direct);
+        assert_eq!(
+            cache_mode(&["--writeback-cache"]).unwrap(),
+            CacheMode::WriteBack
+        );
+        let both = cache_mode(&["--direct-io", "--writeback-cache"]).unwrap_err();
+        assert_eq!(both.kind(), clap::error::ErrorKind::ArgumentConflict);
+    }
 }

@@ -26,8 +26,9 @@ const MAX_WRITE: u32 = 1 << 20;
 
 /// What fsd asks of the kernel at init: requests of up to 1 MiB (the kernel may
 /// grant less readahead), clearing setuid/setgid itself (`FUSE_HANDLE_KILLPRIV_V2`,
-/// which spares a `security.capability` lookup per write; see `privs.rs`), and with
-/// [`CacheMode::Direct`] shared mappings of handles that bypass the page cache.
+/// which spares a `security.capability` lookup per write; see `privs.rs`), with
+/// [`CacheMode::Direct`] shared mappings of handles that bypass the page cache, and
+/// with [`CacheMode::WriteBack`] the kernel's write-back cache.
 pub fn configure_kernel(config: &mut KernelConfig, cache: CacheMode) {
     let _ = config.set_max_write(MAX_WRITE);
     let _ = config.set_max_readahead(MAX_WRITE);
@@ -48,6 +49,16 @@ pub fn configure_kernel(config: &mut KernelConfig, cache: CacheMode) {
         log::warn!(
             "this kernel cannot map files of a direct-I/O mount shared \
              (FUSE_DIRECT_IO_ALLOW_MMAP, Linux 6.6): mmap(MAP_SHARED) fails with ENODEV"
+        );
+    }
+    if cache == CacheMode::WriteBack
+        && config
+            .add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE)
+            .is_err()
+    {
+        log::warn!(
+            "this kernel has no FUSE write-back cache (FUSE_WRITEBACK_CACHE, Linux \
+             3.15): every write(2) goes to fsd as without --writeback-cache"
         );
     }
 }
@@ -186,13 +197,33 @@ pub enum CacheMode {
     /// FUSE_DIRECT_IO_ALLOW_MMAP (Linux 6.6); without it the kernel refuses them with
     /// ENODEV.
     Direct,
+    /// Through the page cache, written back by the kernel (FUSE_WRITEBACK_CACHE, fsd
+    /// --writeback-cache): a `write(2)` returns once the kernel's page holds the data,
+    /// and the kernel sends fsd the dirty pages later, in runs, as it writes back any
+    /// file (after some seconds, under memory pressure, at fsync and at close). Small
+    /// writes then cost no round trip to fsd, but fsd learns of a write only at
+    /// write-back: a write-back that fails (a full remote memory: ENOSPC) is reported
+    /// by the next fsync or close, not by the write; `st_blocks` and statfs count
+    /// what fsd holds; and SEEK_DATA/SEEK_HOLE report the whole file as data (fsd
+    /// answers FUSE_LSEEK with ENOSYS, as it cannot see the kernel's dirty pages).
+    WriteBack,
 }
 
 impl CacheMode {
+    /// The mode fsd's (and nullfs's) command-line flags choose; the parsers reject
+    /// both at once.
+    pub fn from_flags(direct_io: bool, writeback_cache: bool) -> CacheMode {
+        match (direct_io, writeback_cache) {
+            (true, _) => CacheMode::Direct,
+            (false, true) => CacheMode::WriteBack,
+            (false, false) => CacheMode::PageCache,
+        }
+    }
+
     /// The flags of an open file's reply.
     pub fn fopen_flags(self) -> FopenFlags {
         match self {
-            CacheMode::PageCache => FopenFlags::empty(),
+            CacheMode::PageCache | CacheMode::WriteBack => FopenFlags::empty(),
             CacheMode::Direct => FopenFlags::FOPEN_DIRECT_IO,
         }
     }
@@ -613,6 +644,12 @@ impl Filesystem for FuseAdapter {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        // fsd cannot see the pages the kernel has not written back, so it cannot
+        // tell data from holes: ENOSYS makes the kernel answer from then on as for
+        // a file without holes (the whole file is data), which is never wrong.
+        if self.choices.cache == CacheMode::WriteBack {
+            return reply.error(Errno::ENOSYS);
+        }
         // The kernel forwards only SEEK_DATA and SEEK_HOLE; it does the others itself.
         let what = match whence {
             libc::SEEK_DATA => Seek::Data,

@@ -1,5 +1,6 @@
 //! Filling the memnode gives ENOSPC (at write, fsync or close: write-back may defer the
-//! error), and the files written before stay intact.
+//! error), and the files written before stay intact; with fsd --writeback-cache too,
+//! where only fsync or close can report it (the write returns before fsd sees it).
 
 use rmemfs_tests::{errno_name, heavy_test, within, FsdMount, MemnodeProc, Pattern, MIB};
 use std::fs::OpenOptions;
@@ -32,10 +33,24 @@ fn write_file_by_steps(path: PathBuf, pattern: Pattern) -> Result<(), (&'static 
 
 #[test]
 fn full_remote_memory_gives_enospc_and_files_written_before_stay_intact() {
+    fill_then_free(&[], &["write", "fsync", "close"]);
+}
+
+#[test]
+fn with_writeback_cache_fsync_or_close_gives_enospc_and_files_written_before_stay_intact() {
+    fill_then_free(&["--writeback-cache"], &["fsync", "close"]);
+}
+
+/// Writes 4 MiB files into a 64 MiB memnode until a step fails, which must be ENOSPC
+/// at one of `steps`; then checks every file written before, frees space and writes
+/// again.
+fn fill_then_free(fsd_flags: &[&str], steps: &[&str]) {
     let _serial = heavy_test();
     let pattern = Pattern::for_test("full remote memory");
     let memnode = MemnodeProc::start("64M");
-    let fsd = FsdMount::with_memnode(&memnode, &["--cache", "8M"]);
+    let mut args = vec!["--cache", "8M"];
+    args.extend_from_slice(fsd_flags);
+    let fsd = FsdMount::with_memnode(&memnode, &args);
 
     let mut written = Vec::new();
     let mut failure = None;
@@ -69,6 +84,11 @@ fn full_remote_memory_gives_enospc_and_files_written_before_stay_intact() {
         Some(libc::ENOSPC),
         "file {failed}: {step} failed with {err} ({:?}); a full memnode must give ENOSPC",
         err.raw_os_error()
+    );
+    assert!(
+        steps.contains(&step),
+        "file {failed}: ENOSPC came from {step}; with fsd {fsd_flags:?} it can only come \
+         from {steps:?}"
     );
     let stored = written.len() as u64 * FILE_LEN;
     assert!(

@@ -1,15 +1,16 @@
-//! `nullfs MOUNTPOINT [--threads N] [--direct-io]`: a FUSE filesystem that keeps no data, for the
-//! benchmark only. It measures the ceiling FUSE itself puts on any FUSE filesystem on
-//! this host: writes are dropped (the file only grows), reads return zeros from one
-//! static buffer, and the namespace is a flat directory in memory.
+//! `nullfs MOUNTPOINT [--threads N] [--direct-io | --writeback-cache]`: a FUSE
+//! filesystem that keeps no data, for the benchmark only. It measures the ceiling FUSE
+//! itself puts on any FUSE filesystem on this host: writes are dropped (the file only
+//! grows), reads return zeros from one static buffer, and the namespace is a flat
+//! directory in memory.
 //!
 //! A fair ceiling for fsd because everything FUSE-side is the same, taken from fsd
 //! itself: the same fuser, init settings (`fsd::fuse::configure_kernel`), entry and
 //! attribute TTL, open flags (through the page cache, or not with `--direct-io` as
-//! with fsd's), mount options and number of
-//! request loops (`fsd::mount`), and the same kind of answer to getxattr. The only
-//! work left is FUSE's own: the kernel's copies and the round trips to this process.
-//! It takes over clearing setuid/setgid from the kernel as fsd does
+//! with fsd's; written back by the kernel with `--writeback-cache`), mount options and
+//! number of request loops (`fsd::mount`), and the same kind of answer to getxattr.
+//! The only work left is FUSE's own: the kernel's copies and the round trips to this
+//! process. It takes over clearing setuid/setgid from the kernel as fsd does
 //! (`FUSE_HANDLE_KILLPRIV_V2`) but, keeping nothing that matters, does not clear them.
 
 mod fuse;
@@ -32,8 +33,11 @@ struct Options {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     threads: usize,
     /// Bypass the kernel's page cache (as fsd's --direct-io).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "writeback_cache")]
     direct_io: bool,
+    /// Let the kernel write back cached writes later (as fsd's --writeback-cache).
+    #[arg(long)]
+    writeback_cache: bool,
 }
 
 fn run(opts: Options) -> anyhow::Result<()> {
@@ -46,11 +50,7 @@ fn run(opts: Options) -> anyhow::Result<()> {
     // SAFETY: geteuid/getegid have no preconditions and cannot fail.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let config = fsd::mount::config("nullfs", opts.threads, uid == 0);
-    let cache = if opts.direct_io {
-        CacheMode::Direct
-    } else {
-        CacheMode::PageCache
-    };
+    let cache = CacheMode::from_flags(opts.direct_io, opts.writeback_cache);
     let fs = fuse::NullFs::new(uid, gid, cache);
     fsd::mount::Mounted::new(fs, &opts.mountpoint, &config, "nullfs", || {})?.run()?;
     log::info!("unmounted {}", opts.mountpoint.display());
