@@ -383,6 +383,43 @@ fn out_of_bounds_accesses_are_remote_access_errors() {
 }
 
 #[test]
+fn side_by_side_operations_each_get_their_own_outcome() {
+    let f = server();
+    let ep = f.client(7);
+    let (remote, ptr) = register(&*ep, 8192);
+    // Three WRITEs that continue one another; the last runs past the end. A
+    // backend may carry them as one request, but the first two land.
+    let data = [pattern(4096, 1), pattern(4096, 2), pattern(64, 3)];
+    let mut ops: Vec<RdmaOp> = data
+        .iter()
+        .enumerate()
+        .map(|(i, d)| RdmaOp::Write {
+            local: d,
+            remote: at(remote, (i * 4096) as u64),
+        })
+        .collect();
+    let r = ep.execute(&mut ops);
+    assert_eq!(r[..2], [Ok(()), Ok(())], "the WRITEs inside");
+    assert_remote_access(r[2].clone(), "the WRITE past the end");
+    assert_eq!(server_bytes(ptr, 8192), data[..2].concat(), "server memory");
+    // The same READs back.
+    let mut bufs = [vec![0u8; 4096], vec![0u8; 4096], vec![0u8; 64]];
+    let mut ops: Vec<RdmaOp> = bufs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, b)| RdmaOp::Read {
+            local: b,
+            remote: at(remote, (i * 4096) as u64),
+        })
+        .collect();
+    let r = ep.execute(&mut ops);
+    drop(ops);
+    assert_eq!(r[..2], [Ok(()), Ok(())], "the READs inside");
+    assert_remote_access(r[2].clone(), "the READ past the end");
+    assert_eq!(bufs[..2], data[..2], "what the READs inside got");
+}
+
+#[test]
 fn deregistered_memory_cannot_be_reached() {
     let f = server();
     let ep = f.client(7);

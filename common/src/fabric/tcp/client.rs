@@ -15,6 +15,11 @@
 //! and a WRITE run's completions (16 bytes each) fit in ours while its payloads go
 //! out.
 //!
+//! Requests: the operations of a run that continue one another in remote memory go
+//! as one request, their local buffers gathered (WRITE) or scattered (READ) in
+//! order ([`requests_of`]); such a request that the peer refuses is sent again one
+//! operation per request, so every operation still gets its own outcome.
+//!
 //! Completions are matched by work-request id. An id outside the run, a length
 //! beyond the limits or a stream that ends mid-completion breaks the connection.
 //!
@@ -148,16 +153,14 @@ impl Io {
         Ok(h)
     }
 
-    /// Writes requests (header and optional payload each) back to back.
-    fn send(&mut self, requests: &[(RequestHeader, Option<&[u8]>)]) -> std::io::Result<()> {
+    /// Writes requests (header and payload pieces each, none for a READ) back to back.
+    fn send(&mut self, requests: &[(RequestHeader, Vec<&[u8]>)]) -> std::io::Result<()> {
         let headers: Vec<[u8; REQUEST_HEADER_LEN]> =
             requests.iter().map(|(h, _)| h.encode()).collect();
         let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(2 * requests.len());
         for (h, (_, payload)) in headers.iter().zip(requests) {
             slices.push(IoSlice::new(h));
-            if let Some(p) = payload {
-                slices.push(IoSlice::new(p));
-            }
+            slices.extend(payload.iter().map(|p| IoSlice::new(p)));
         }
         write_all_vectored(&mut self.w, &mut slices)
     }
@@ -303,29 +306,42 @@ impl TcpEndpoint {
     }
 
     /// Sends one run of operations of one kind and reads their completions into
-    /// `results`.
+    /// `results`. With `merge`, operations that continue one another go as one
+    /// request (see [`requests_of`]); one such request that fails is sent again as its
+    /// operations, one request each, so each gets its own outcome.
     fn run(
         &self,
         io: &mut Io,
         ops: &mut [RdmaOp<'_>],
         results: &mut [Option<Result<(), FabricError>>],
         deadline: Instant,
+        merge: bool,
     ) -> Result<(), FabricError> {
+        let spans = if merge {
+            requests_of(ops)
+        } else {
+            (0..ops.len()).map(|i| i..i + 1).collect()
+        };
         let first = io.next_wr_id;
-        io.next_wr_id += ops.len() as u64;
-        let requests: Vec<(RequestHeader, Option<&[u8]>)> = ops
+        io.next_wr_id += spans.len() as u64;
+        let requests: Vec<(RequestHeader, Vec<&[u8]>)> = spans
             .iter()
             .enumerate()
-            .map(|(i, op)| {
-                let remote = op.remote();
-                let (code, payload) = match op {
-                    RdmaOp::Read { .. } => (OP_READ, None),
-                    RdmaOp::Write { local, .. } => (OP_WRITE, Some(&local[..])),
-                };
+            .map(|(k, span)| {
+                let members = &ops[span.clone()];
+                let remote = members[0].remote();
+                let mut code = OP_READ;
+                let mut payload = Vec::new();
+                for op in members {
+                    if let RdmaOp::Write { local, .. } = op {
+                        code = OP_WRITE;
+                        payload.push(&local[..]);
+                    }
+                }
                 let h = RequestHeader {
                     op: code,
-                    len: op.len() as u32,
-                    wr_id: first + i as u64,
+                    len: members.iter().map(RdmaOp::len).sum::<usize>() as u32,
+                    wr_id: first + k as u64,
                     addr: remote.addr,
                     rkey: remote.rkey,
                 };
@@ -336,46 +352,104 @@ impl TcpEndpoint {
             return Err(self.kill(format!("write failed: {e}")));
         }
         drop(requests);
-        for _ in 0..ops.len() {
+        let mut answered = vec![false; spans.len()];
+        let mut again = Vec::new();
+        for _ in 0..spans.len() {
             let h = io.header_by(deadline).map_err(|e| self.rx_failed(e))?;
-            let i = h.wr_id.wrapping_sub(first) as usize;
-            if i >= ops.len() || results[i].is_some() {
+            let k = h.wr_id.wrapping_sub(first) as usize;
+            if k >= spans.len() || answered[k] {
                 return Err(self.kill(format!("completion for unknown work request {}", h.wr_id)));
             }
+            answered[k] = true;
+            let span = spans[k].clone();
             let len = h.len as usize;
-            let op = &mut ops[i];
-            let r = match (h.status, op) {
-                (STATUS_OK, RdmaOp::Read { local, .. }) if len == local.len() => {
-                    io.read_exact_by(local, deadline)
-                        .map_err(|e| self.rx_failed(e))?;
+            let want: usize = ops[span.clone()].iter().map(RdmaOp::len).sum();
+            let is_read = matches!(ops[span.start], RdmaOp::Read { .. });
+            let r = match h.status {
+                STATUS_OK if is_read && len == want => {
+                    for op in &mut ops[span.clone()] {
+                        if let RdmaOp::Read { local, .. } = op {
+                            io.read_exact_by(local, deadline)
+                                .map_err(|e| self.rx_failed(e))?;
+                        }
+                    }
                     Ok(())
                 }
-                (STATUS_OK, RdmaOp::Read { local, .. }) => {
-                    let want = local.len();
+                STATUS_OK if is_read => {
                     io.skip_by(len, deadline).map_err(|e| self.rx_failed(e))?;
                     Err(FabricError::BadRequest(format!(
                         "READ returned {len} bytes, asked for {want}"
                     )))
                 }
-                (STATUS_OK, RdmaOp::Write { .. }) => {
+                STATUS_OK => {
                     io.skip_by(len, deadline).map_err(|e| self.rx_failed(e))?;
                     Ok(())
                 }
                 // The completion only says "refused"; name what was refused.
-                (status, op) => {
-                    let remote = op.remote();
+                status => {
+                    let remote = ops[span.start].remote();
                     let refused = FabricError::RemoteAccess {
                         addr: remote.addr,
                         rkey: remote.rkey,
-                        len: op.len(),
+                        len: want,
                     };
-                    Err(self.failed_op(io, status, len, refused, deadline)?)
+                    let e = self.failed_op(io, status, len, refused, deadline)?;
+                    if span.len() > 1 {
+                        // Nothing of a refused request was moved: which of its
+                        // operations the peer would refuse is for them alone to say.
+                        again.push(span);
+                        continue;
+                    }
+                    Err(e)
                 }
             };
-            results[i] = Some(r);
+            for slot in &mut results[span] {
+                *slot = Some(r.clone());
+            }
+        }
+        for span in again {
+            self.run(
+                io,
+                &mut ops[span.clone()],
+                &mut results[span],
+                deadline,
+                false,
+            )?;
         }
         Ok(())
     }
+}
+
+/// Splits a run into requests: each operation continues the previous one's request
+/// when its remote range starts where that request's ends under the same rkey and
+/// the request stays within [`MAX_DATA_OP`]. A sequential stream of blocks that
+/// remote memory holds side by side thus costs the peer one request (one header,
+/// one wakeup, one system call a side) instead of one per block, as one RDMA work
+/// request with a scatter-gather list would. Each operation keeps its own local
+/// buffer; the payload is split among them in order.
+fn requests_of(ops: &[RdmaOp<'_>]) -> Vec<std::ops::Range<usize>> {
+    let mut spans: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut end_addr = 0u64;
+    let mut bytes = 0usize;
+    for (i, op) in ops.iter().enumerate() {
+        let remote = op.remote();
+        let continues = spans.last().is_some_and(|s| {
+            let prev = ops[s.start].remote();
+            prev.rkey == remote.rkey && end_addr == remote.addr && bytes + op.len() <= MAX_DATA_OP
+        });
+        match spans.last_mut() {
+            Some(s) if continues => {
+                s.end = i + 1;
+                bytes += op.len();
+            }
+            _ => {
+                spans.push(i..i + 1);
+                bytes = op.len();
+            }
+        }
+        end_addr = remote.addr.wrapping_add(op.len() as u64);
+    }
+    spans
 }
 
 impl TcpEndpoint {
@@ -402,6 +476,7 @@ impl TcpEndpoint {
                 &mut ops[start..end],
                 &mut results[start..end],
                 deadline,
+                true,
             )?;
             start = end;
         }
@@ -448,7 +523,7 @@ impl Endpoint for TcpEndpoint {
             addr: 0,
             rkey: 0,
         };
-        if let Err(e) = io.send(&[(h, Some(frame))]) {
+        if let Err(e) = io.send(&[(h, vec![frame])]) {
             return Err(self.kill(format!("write failed: {e}")));
         }
         let c = io.header_by(deadline).map_err(|e| self.rx_failed(e))?;

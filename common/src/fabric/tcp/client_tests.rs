@@ -166,6 +166,143 @@ fn odd_completions_fail_their_operation_only() {
     t.join().expect("peer");
 }
 
+/// Reads one request's header and its payload (none for a READ).
+fn request_with_payload(s: &mut TcpStream) -> (RequestHeader, Vec<u8>) {
+    let mut b = [0u8; REQUEST_HEADER_LEN];
+    s.read_exact(&mut b).expect("a request header");
+    let h = RequestHeader::decode(&b).expect("the request magic");
+    let mut payload = Vec::new();
+    if h.op != OP_READ {
+        payload.resize(h.len as usize, 0);
+        s.read_exact(&mut payload).expect("the request payload");
+    }
+    (h, payload)
+}
+
+fn at(addr: u64, rkey: u32) -> RemoteAddr {
+    RemoteAddr { addr, rkey }
+}
+
+#[test]
+fn operations_that_continue_one_another_go_as_one_request() {
+    let (addr, t) = peer(|mut s| {
+        // Three WRITEs side by side under rkey 9 come as one request carrying all
+        // their bytes; the fourth (another rkey) and the fifth (a gap) alone.
+        let hs: Vec<(RequestHeader, Vec<u8>)> =
+            (0..3).map(|_| request_with_payload(&mut s)).collect();
+        let shape: Vec<(u8, u64, u32, u32)> = hs
+            .iter()
+            .map(|(h, _)| (h.op, h.addr, h.len, h.rkey))
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                (OP_WRITE, 1000, 30, 9),
+                (OP_WRITE, 1030, 5, 8),
+                (OP_WRITE, 1040, 5, 8)
+            ]
+        );
+        let mut want = vec![1u8; 10];
+        want.extend([2u8; 10]);
+        want.extend([3u8; 10]);
+        assert_eq!(hs[0].1, want, "the merged payload, in order");
+        for (h, _) in &hs {
+            complete(&mut s, h.wr_id, STATUS_OK, &[]);
+        }
+        // Two READs side by side: one request, its payload split among them.
+        let h = request(&mut s);
+        assert_eq!((h.op, h.addr, h.len), (OP_READ, 5000, 24));
+        let payload: Vec<u8> = (0..24).collect();
+        complete(&mut s, h.wr_id, STATUS_OK, &payload);
+        let _ = s.read(&mut [0u8; 1]);
+    });
+    let ep = TcpEndpoint::connect(&addr, Duration::from_secs(5)).expect("connect");
+    let data = [[1u8; 10], [2; 10], [3; 10]];
+    let mut ops = vec![
+        RdmaOp::Write {
+            local: &data[0],
+            remote: at(1000, 9),
+        },
+        RdmaOp::Write {
+            local: &data[1],
+            remote: at(1010, 9),
+        },
+        RdmaOp::Write {
+            local: &data[2],
+            remote: at(1020, 9),
+        },
+        RdmaOp::Write {
+            local: &[4; 5],
+            remote: at(1030, 8),
+        },
+        RdmaOp::Write {
+            local: &[5; 5],
+            remote: at(1040, 8),
+        },
+    ];
+    assert!(ep.execute(&mut ops).iter().all(|r| r.is_ok()));
+    let (mut a, mut b) = (vec![0u8; 16], vec![0u8; 8]);
+    let mut ops = vec![
+        RdmaOp::Read {
+            local: &mut a,
+            remote: at(5000, 9),
+        },
+        RdmaOp::Read {
+            local: &mut b,
+            remote: at(5016, 9),
+        },
+    ];
+    assert!(ep.execute(&mut ops).iter().all(|r| r.is_ok()));
+    drop(ops);
+    assert_eq!(a, (0..16).collect::<Vec<u8>>());
+    assert_eq!(b, (16..24).collect::<Vec<u8>>());
+    drop(ep);
+    t.join().expect("peer");
+}
+
+#[test]
+fn a_refused_merged_request_is_sent_again_one_operation_each() {
+    let (addr, t) = peer(|mut s| {
+        let h = request(&mut s);
+        assert_eq!((h.addr, h.len), (64, 32), "the two READs as one request");
+        complete(&mut s, h.wr_id, STATUS_REMOTE_ACCESS, &[]);
+        // Again, one by one: the first is served, the second refused.
+        let a = request(&mut s);
+        let b = request(&mut s);
+        assert_eq!([(a.addr, a.len), (b.addr, b.len)], [(64, 16), (80, 16)]);
+        complete(&mut s, a.wr_id, STATUS_OK, &[6; 16]);
+        complete(&mut s, b.wr_id, STATUS_REMOTE_ACCESS, &[]);
+        let _ = s.read(&mut [0u8; 1]);
+    });
+    let ep = TcpEndpoint::connect(&addr, Duration::from_secs(5)).expect("connect");
+    let (mut a, mut b) = (vec![0u8; 16], vec![0u8; 16]);
+    let mut ops = vec![
+        RdmaOp::Read {
+            local: &mut a,
+            remote: at(64, 9),
+        },
+        RdmaOp::Read {
+            local: &mut b,
+            remote: at(80, 9),
+        },
+    ];
+    let r = ep.execute(&mut ops);
+    drop(ops);
+    assert_eq!(r[0], Ok(()));
+    assert_eq!(a, vec![6; 16]);
+    assert_eq!(
+        r[1],
+        Err(FabricError::RemoteAccess {
+            addr: 80,
+            rkey: 9,
+            len: 16
+        })
+    );
+    assert!(ep.is_connected());
+    drop(ep);
+    t.join().expect("peer");
+}
+
 #[test]
 fn a_peer_that_closes_is_seen_while_idle() {
     let (addr, t) = peer(drop);
