@@ -24,8 +24,13 @@ const MAINTAIN_INTERVAL: Duration = Duration::from_secs(1);
 const CLEAN_AHEAD_PAGES: usize = 64;
 /// How long the cleaner sleeps when the cache evicts nothing (then it checks for stop).
 const CLEANER_IDLE_WAIT: Duration = Duration::from_millis(200);
-/// How long the prefetch thread waits for a job before checking for the stop.
+/// How long a prefetch thread waits for a job before checking for the stop.
 const PREFETCH_IDLE_WAIT: Duration = Duration::from_millis(200);
+/// Prefetch threads: each waits for its own remote reads, so this many loads of a
+/// stream are in flight at once (on different connections). One alone left the
+/// CPUs idle a quarter of a sequential read, waiting on round trips; three cut
+/// that idle time and read about a fifth faster (tcp, 2 cores, 64 KiB blocks).
+const PREFETCH_THREADS: usize = 3;
 
 /// `--poll-us` default.
 const DEFAULT_POLL_US: u64 = fabric::DEFAULT_POLL.as_micros() as u64;
@@ -343,15 +348,17 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     };
 
     // Loading sequential readers' next blocks while their requests are answered.
-    let prefetcher = {
-        let fs = fs.clone();
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            while !stop.is_stopped() {
-                fs.prefetch_next(PREFETCH_IDLE_WAIT);
-            }
+    let prefetchers: Vec<_> = (0..PREFETCH_THREADS)
+        .map(|_| {
+            let fs = fs.clone();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.is_stopped() {
+                    fs.prefetch_next(PREFETCH_IDLE_WAIT);
+                }
+            })
         })
-    };
+        .collect();
 
     // Counting copies and re-replicating, once a second.
     let maintainer = {
@@ -383,7 +390,9 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     stop.stop();
     let _ = flusher.join();
     let _ = cleaner.join();
-    let _ = prefetcher.join();
+    for t in prefetchers {
+        let _ = t.join();
+    }
     let _ = maintainer.join();
     if let Some(t) = stats_writer {
         let _ = t.join();

@@ -1,7 +1,9 @@
-//! Readahead in the background: a sequential reader's next blocks are loaded by a
-//! prefetch thread while the reader's request returns, so the next request finds
+//! Readahead in the background: a sequential reader's next blocks are loaded by
+//! prefetch threads while the reader's request returns, so the next request finds
 //! them in the cache (or waits only for what is still in flight: it blocks on the
-//! pages the prefetch holds locked while loading them).
+//! pages the prefetch holds locked while loading them). Each queued job is one
+//! request's worth of blocks; several threads take jobs in turn, so the loads of one
+//! stream overlap instead of each waiting out the previous one's round trip.
 //!
 //! Without a prefetch thread (tests that drive the core directly), the read loads
 //! its readahead in its own batch instead.
