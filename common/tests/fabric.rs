@@ -402,7 +402,9 @@ fn side_by_side_operations_each_get_their_own_outcome() {
     assert_eq!(r[..2], [Ok(()), Ok(())], "the WRITEs inside");
     assert_remote_access(r[2].clone(), "the WRITE past the end");
     assert_eq!(server_bytes(ptr, 8192), data[..2].concat(), "server memory");
-    // The same READs back.
+    // The same READs back, on a new connection: over verbs the refusal put the
+    // queue pair in the error state, as it does on RDMA hardware.
+    let ep = f.client(7);
     let mut bufs = [vec![0u8; 4096], vec![0u8; 4096], vec![0u8; 64]];
     let mut ops: Vec<RdmaOp> = bufs
         .iter_mut()
