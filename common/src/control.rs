@@ -36,6 +36,22 @@ impl ControlError {
     }
 }
 
+/// A random 64-bit id, for a client id or a token. Without the system's randomness it
+/// falls back to time and pid: a client id only needs to differ between the clients
+/// of one memnode.
+pub fn random_id() -> u64 {
+    match getrandom::u64() {
+        Ok(v) => v,
+        Err(_) => {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
+            t ^ ((std::process::id() as u64) << 32)
+        }
+    }
+}
+
 /// What a memnode said in reply to Hello.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Welcome {

@@ -8,6 +8,7 @@ use crate::remote::{Connector, RemoteConfig, RemoteStore, MAX_REPLICAS};
 use crate::stats::Snapshot;
 use anyhow::{bail, Context};
 use clap::Parser;
+use rmemfs_common::control::random_id;
 use rmemfs_common::fabric::{self, Transport};
 use rmemfs_common::size::{format_size, parse_size};
 use std::path::PathBuf;
@@ -171,20 +172,6 @@ impl Options {
     }
 }
 
-fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    // Without randomness fall back to time and pid: a client id only needs to differ
-    // between clients of one memnode.
-    if getrandom::fill(&mut b).is_err() {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        return t ^ ((std::process::id() as u64) << 32);
-    }
-    u64::from_le_bytes(b)
-}
-
 /// Blocks SIGINT and SIGTERM and returns a flag set when one arrives (and a way to
 /// wait for it).
 struct StopSignal {
@@ -225,7 +212,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     let mut memnodes = opts.memnodes.clone();
     let _embedded = if memnodes.is_empty() {
         // A private token so no other local process can use the embedded memnode.
-        token = format!("{:016x}{:016x}", random_u64(), random_u64()).into_bytes();
+        token = format!("{:016x}{:016x}", random_id(), random_id()).into_bytes();
         // Over verbs the embedded memnode listens on the RDMA interface's address
         // (RoCE cannot reach loopback).
         let transport = opts.transport.resolve()?;
@@ -258,7 +245,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             opts.transport.describe_choice()
         );
     }
-    let client_id = random_u64();
+    let client_id = random_id();
     let transport = opts.transport;
     let connector: Arc<Connector> = Arc::new(move |peer: &str, client: u64| {
         fabric::connect(transport, peer, client, timeout, poll)
