@@ -8,12 +8,14 @@ the runs in a manifest, one tab-separated line each:
     fsd-stats-before  fsd-stats-after  round  steal-pct
 
 (status "ok" or a short failure text; the memory and stats columns are "-" except for
-rmemfs; steal-pct is the share of CPU time the hypervisor took during that run).
+rmemfs; steal-pct is the share of CPU time the hypervisor took during that run). The
+fabric target's outputs are fabricbench's, in the part of fio's JSON read here.
 This script reads those fio outputs, keeps for each (job, target) its median run by
 throughput, prints the run's settings and one table (MB/s,
 IOPS, p99 latency, and rmemfs's throughput divided by each baseline's: tmpfs, the
 local-memory ceiling; sshfs to a tmpfs; nullfs, a FUSE filesystem that keeps no data,
-the FUSE ceiling), writes all of it as JSON, and draws a bar chart with gnuplot. Any
+the FUSE ceiling; fabric, the fabric alone with no FUSE, what the network allows),
+writes all of it as JSON, and draws a bar chart with gnuplot. Any
 subset of the targets works (scripts/bench --only). It reports; it never judges
 timings.
 Standard library only, so a stock python3 runs it.
@@ -30,8 +32,9 @@ import sys
 import time
 
 # What rmemfs is divided by, in the order of the table's and the chart's ratios.
-BASELINES = ("tmpfs", "sshfs", "nullfs")
-COLORS = {"rmemfs": "#d95f02", "tmpfs": "#7f7f7f", "sshfs": "#1f78b4", "nullfs": "#33a02c"}
+BASELINES = ("tmpfs", "sshfs", "nullfs", "fabric")
+COLORS = {"rmemfs": "#d95f02", "tmpfs": "#7f7f7f", "sshfs": "#1f78b4", "nullfs": "#33a02c",
+          "fabric": "#6a3d9a"}
 
 
 def parse_args():
@@ -295,14 +298,18 @@ def print_header(doc):
         threads = ("its default --threads" if threads in (None, "default")
                    else f"--threads {threads}")
         print(f"  nullfs: no data, fsd's FUSE settings, {threads}")
+    if "fabric" in doc["targets"]:
+        print(f"  fabric: fabricbench to the memnode, {s.get('fabric')}, jobs shaped like "
+              f"fio's (block size, jobs; one block at a time per job), operations of up to "
+              f"{s.get('block_size')}, --poll-us {s.get('fabric_poll_us')}")
     print(f"  fio: {s.get('ioengine')}, {s.get('runtime_s')} s per job after a "
           f"{s.get('ramp_s')} s ramp, file {s.get('size')}, in-cache file "
           f"{s.get('incache_size')}, page cache dropped before each run: "
           f"{'yes' if s.get('drop_caches') is True else 'no'}")
     if doc["fio_extra_args"]:
         print(f"  extra fio options: {' '.join(doc['fio_extra_args'])}")
-    versions = [s[k] for k in ("fsd_version", "nullfs_version", "fio_version", "sshfs_version",
-                               "sshd_version") if k in s]
+    versions = [s[k] for k in ("fsd_version", "nullfs_version", "fabricbench_version",
+                               "fio_version", "sshfs_version", "sshd_version") if k in s]
     print(f"  versions: {'; '.join(str(v) for v in versions)}")
 
 
