@@ -12,8 +12,8 @@
 #                     real run of the same pipeline without RDMA (the guest still has
 #                     rxe0), useful while the verbs backend is not there.
 #   --tests LIST      rmemfs-tests binaries to run, comma-separated (default
-#                     round_trip,full_remote_memory,posix,remote_memory_reclaim,remote_traffic and two
-#                     tests of replication). NAME:FILTER runs only the tests of binary
+#                     round_trip,full_remote_memory,posix,remote_memory_reclaim,remote_traffic, two
+#                     tests of replication and fabricbench). NAME:FILTER runs only the tests of binary
 #                     NAME whose names contain FILTER.
 #                     rmemfs-common's `fabric` binary always runs first when it exists;
 #                     for verbs its absence counts as a failure (the wrong-rkey check
@@ -42,7 +42,7 @@ usage() {
 }
 
 transport=verbs
-tests=round_trip,full_remote_memory,posix,remote_memory_reclaim,remote_traffic,replication:two_replicas_survive,replication:one_replica_losing
+tests=round_trip,full_remote_memory,posix,remote_memory_reclaim,remote_traffic,replication:two_replicas_survive,replication:one_replica_losing,fabricbench
 timeout_s=720
 mem=2048
 smp=2
@@ -113,7 +113,7 @@ test_binary() {
     ' "$artifacts"
 }
 
-for bin in memnode fsd; do
+for bin in memnode fsd fabricbench; do
     [ -x "$target/release/$bin" ] || die "$target/release/$bin is missing after the build"
 done
 specs=()   # NAME=PATH, in run order
@@ -137,8 +137,10 @@ for wanted_name in "${wanted[@]}"; do
 done
 
 # ---------------------------------------------------------------------------------
-# The guest: memnode and fsd in /usr/local/bin, test binaries at their host paths.
-adds=(--strip --add "$target/release/memnode:/usr/local/bin/" --add "$target/release/fsd:/usr/local/bin/")
+# The guest: memnode, fsd and fabricbench in /usr/local/bin, test binaries at their
+# host paths.
+adds=(--strip --add "$target/release/memnode:/usr/local/bin/" --add "$target/release/fsd:/usr/local/bin/"
+    --add "$target/release/fabricbench:/usr/local/bin/")
 for spec in "${specs[@]}"; do
     path="${spec#*=}"
     adds+=(--add "${path%@*}")

@@ -113,6 +113,8 @@ fn every_job_shape_moves_checked_data_and_reports_consistent_numbers() {
             stderr.contains("MB/s"),
             "a human summary goes to stderr: {stderr}"
         );
+        // The figures, for the log (over verbs in the Soft-RoCE guest, say).
+        println!("{}", stderr.trim());
     }
     let after = m.stats();
     assert_eq!(
