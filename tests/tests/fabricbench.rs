@@ -155,15 +155,10 @@ fn refusals_and_bad_arguments_are_clear_errors_that_leave_nothing_behind() {
     );
 
     let guarded = MemnodeProc::start_with("16M", &["--token", "right"]);
-    let mut cmd = Command::new(binary("fabricbench"));
-    cmd.args([
-        "--memnode",
-        guarded.addr(),
-        "--transport",
-        &guarded.transport().to_string(),
-    ]);
-    cmd.args(["--rw", "read", "--size", "1M", "--token", "wrong"]);
-    let out = run_within(&mut cmd, LIMIT, "fabricbench");
+    let out = fabricbench(
+        &guarded,
+        &["--rw", "read", "--size", "1M", "--token", "wrong"],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a wrong token was accepted");
     assert!(stderr.contains("refused hello"), "{stderr}");
