@@ -291,36 +291,22 @@ impl Inner {
     fn wait_until<'a>(
         &self,
         mut st: MutexGuard<'a, State>,
-        deadline: Option<Instant>,
+        deadline: Instant,
         done: impl Fn(&State) -> bool,
     ) -> (MutexGuard<'a, State>, bool) {
         loop {
             if done(&st) {
                 return (st, true);
             }
-            let wait = match deadline {
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return (st, false);
-                    }
-                    d - now
-                }
-                // Without a deadline (waiting out a flush), wake up now and then to
-                // say so in the log if it takes long.
-                None => Duration::from_secs(5),
-            };
-            let (g, timed_out) = self
+            let now = Instant::now();
+            if now >= deadline {
+                return (st, false);
+            }
+            let (g, _) = self
                 .cond
-                .wait_timeout(st, wait)
+                .wait_timeout(st, deadline - now)
                 .unwrap_or_else(|e| e.into_inner());
             st = g;
-            if deadline.is_none() && timed_out.timed_out() && !done(&st) {
-                log::warn!(
-                    "verbs connection to {}: still waiting for flushed work requests",
-                    self.peer
-                );
-            }
         }
     }
 }
@@ -431,8 +417,7 @@ impl Endpoint for VerbsEndpoint {
         let mut timed_out = false;
         let mut next = 0;
         while next < to_post.len() {
-            let (g, ok) =
-                inner.wait_until(st, Some(deadline), |s| s.credits > 0 || s.dead.is_some());
+            let (g, ok) = inner.wait_until(st, deadline, |s| s.credits > 0 || s.dead.is_some());
             st = g;
             if st.dead.is_some() {
                 break;
@@ -503,15 +488,29 @@ impl Endpoint for VerbsEndpoint {
                 .iter()
                 .all(|(_, id)| matches!(s.pending.get(id), Some(Some(_))))
         };
-        let (g, ok) = inner.wait_until(st, Some(deadline), all_in);
+        let (g, ok) = inner.wait_until(st, deadline, all_in);
         st = g;
         if !ok {
             timed_out = true;
             let why = format!("no completion within {:?}", inner.timeout);
             inner.kill(&mut st, why);
-            // The device may still write into our buffers until the flush is in.
-            let (g, _) = inner.wait_until(st, None, all_in);
+            // The device may still write into our buffers until the flush is in, so
+            // wait for it; but not forever. Soft-RoCE (rdma_rxe of Linux 6.1) was seen
+            // to leave a batch neither completed nor flushed after a refused
+            // operation, and this call then never returned. A queue pair in the reset
+            // state no longer touches any buffer, so after another timeout's worth
+            // the queue pair is reset and the missing ones fail like the rest.
+            let (g, flushed) = inner.wait_until(st, Instant::now() + inner.timeout, all_in);
             st = g;
+            if !flushed {
+                log::warn!(
+                    "verbs connection to {}: work requests neither completed nor flushed \
+                     within {:?}; resetting the queue pair",
+                    inner.peer,
+                    inner.timeout
+                );
+                inner.id.reset_qp();
+            }
         }
         let mut completions: HashMap<usize, Completion> = HashMap::with_capacity(posted.len());
         for (i, id) in &posted {
@@ -561,9 +560,8 @@ impl Endpoint for VerbsEndpoint {
             inner.kill(&mut st, e.to_string());
             return Err(inner.disconnected(&st));
         }
-        let (mut st, ok) = inner.wait_until(st, Some(deadline), |s| {
-            s.reply.is_some() || s.dead.is_some()
-        });
+        let (mut st, ok) =
+            inner.wait_until(st, deadline, |s| s.reply.is_some() || s.dead.is_some());
         if let Some(reply) = st.reply.take() {
             return Ok(reply);
         }

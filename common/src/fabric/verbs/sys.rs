@@ -290,17 +290,28 @@ impl CmId {
         Ok(())
     }
 
+    /// Moves the queue pair to the reset state: its work requests are dropped without
+    /// completions, and the device no longer touches the buffers they named. For
+    /// a queue pair whose flush never came (see `VerbsEndpoint::execute`).
+    pub fn reset_qp(&self) {
+        self.set_qp_state(ibv_qp_state::IBV_QPS_RESET);
+    }
+
     /// Moves the queue pair to the error state: every outstanding work request
     /// completes (flushed) and the peer can no longer reach local memory through it.
     pub fn fail_qp(&self) {
+        self.set_qp_state(ibv_qp_state::IBV_QPS_ERR);
+    }
+
+    fn set_qp_state(&self, state: ibv_qp_state::Type) {
         let qp = self.qp();
         if qp.is_null() {
             return;
         }
         // SAFETY: all-zero is a valid ibv_qp_attr; only qp_state is used (mask).
         let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
-        // SAFETY: valid QP; moving to ERR is allowed from every state.
+        attr.qp_state = state;
+        // SAFETY: valid QP; moving to ERR or RESET is allowed from every state.
         unsafe { ibv_modify_qp(qp, &mut attr, ibv_qp_attr_mask::IBV_QP_STATE.0 as i32) };
     }
 }
