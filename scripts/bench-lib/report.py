@@ -5,14 +5,16 @@ scripts/bench runs every (job, target) pair, once per round (--repeat), and list
 the runs in a manifest, one tab-separated line each:
 
     job  target  status  fio-json-path  fsd-peak-rss-kib  fsd-rss-kib  memnode-rss-kib
-    fsd-stats-before  fsd-stats-after  round  steal-pct
+    fsd-stats-before  fsd-stats-after  round  steal-pct  busy-pct
 
 (status "ok" or a short failure text; the memory and stats columns are "-" except for
-rmemfs; steal-pct is the share of CPU time the hypervisor took during that run). The
+rmemfs; steal-pct is the share of CPU time the hypervisor took during that run and
+busy-pct the share that went to work on this machine, all CPUs together). The
 fabric target's outputs are fabricbench's, in the part of fio's JSON read here.
 This script reads those fio outputs, keeps for each (job, target) its median run by
 throughput, prints the run's settings and one table (MB/s,
-IOPS, p99 latency, and rmemfs's throughput divided by each baseline's: tmpfs, the
+IOPS, p99 latency, the CPU time the whole machine spent per request, and rmemfs's
+throughput divided by each baseline's: tmpfs, the
 local-memory ceiling; sshfs to a tmpfs; nullfs, a FUSE filesystem that keeps no data,
 the FUSE ceiling; fabric, the fabric alone with no FUSE, what the network allows),
 writes all of it as JSON, and draws a bar chart with gnuplot. Any
@@ -115,11 +117,17 @@ def steal_pct(stat_start):
     return round(100.0 * delta[7] / sum(delta), 1) if sum(delta) > 0 else None
 
 
-def steal_or_none(text):
+def pct_or_none(text):
     try:
         return float(text)
     except ValueError:
         return None
+
+
+def online_cpus():
+    """The CPUs /proc/stat counts (its cpuN lines): what busy-pct is a share of."""
+    lines = read_file("/proc/stat").splitlines()
+    return sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit()) or 1
 
 
 def read_manifest(path):
@@ -130,12 +138,13 @@ def read_manifest(path):
             if not line:
                 continue
             (job, target, status, fio_json, hwm, rss, mn_rss, stats_before,
-             stats_after, round_, steal) = line.split("\t")
+             stats_after, round_, steal, busy) = line.split("\t")
             rows.append({
                 "job": job, "target": target, "status": status, "fio_json": fio_json,
                 "fsd_peak_rss_kib": hwm, "fsd_rss_kib": rss, "memnode_rss_kib": mn_rss,
                 "stats_before": stats_before, "stats_after": stats_after,
-                "round": int(round_), "steal_pct": steal_or_none(steal),
+                "round": int(round_), "steal_pct": pct_or_none(steal),
+                "busy_pct": pct_or_none(busy),
             })
     return rows
 
@@ -183,11 +192,23 @@ def fsd_traffic(row):
     return delta
 
 
-def measure(row):
+def cpu_us_per_request(busy_pct, cpus, iops):
+    """CPU time the whole machine spent per request, in microseconds: every process
+    and the kernel, the target's daemons and fio (or fabricbench) alike. busy_pct was
+    measured over the whole tool run (set-up and ramp included) and iops over its
+    measured seconds, so this assumes the run was steady throughout. Threads that poll
+    for an answer count as busy while they spin."""
+    if busy_pct is None or not iops:
+        return None
+    return busy_pct / 100.0 * cpus * 1e6 / iops
+
+
+def measure(row, cpus):
     """One (job, target) result; a failed run keeps its status and no numbers."""
     result = {
         "job": row["job"], "target": row["target"], "status": row["status"],
         "fio_output": row["fio_json"], "round": row["round"], "steal_pct": row["steal_pct"],
+        "cpu_busy_pct": row["busy_pct"],
     }
     if row["target"] == "rmemfs":
         result["fsd_peak_rss_bytes"] = kib_to_bytes(row["fsd_peak_rss_kib"])
@@ -222,6 +243,7 @@ def measure(row):
         },
         "usr_cpu_pct": job.get("usr_cpu"),
         "sys_cpu_pct": job.get("sys_cpu"),
+        "cpu_us_per_request": cpu_us_per_request(row["busy_pct"], cpus, sec["iops"]),
     })
     return result
 
@@ -240,7 +262,9 @@ def median_runs(results):
         ok = sorted((r for r in runs if r["status"] == "ok"), key=lambda r: r["bw_bytes_per_s"])
         pick = dict(ok[(len(ok) - 1) // 2] if ok else runs[-1])
         pick["runs"] = [{k: r.get(k) for k in ("round", "status", "bw_bytes_per_s", "iops",
-                                                "steal_pct", "fio_output")} for r in runs]
+                                                "steal_pct", "cpu_busy_pct",
+                                                "cpu_us_per_request", "fio_output")}
+                        for r in runs]
         chosen.append(pick)
     return chosen
 
@@ -330,11 +354,14 @@ def table_rows(doc):
             continue
         ratio = doc["ratios"].get(r["job"], {}) if r["target"] == "rmemfs" else {}
         p99 = r["lat_us"]["p99"]
+        cpu = r.get("cpu_us_per_request")
         rows.append((
             r["job"], r["target"],
             fmt(r["mb_per_s"], 1 if r["mb_per_s"] < 100 else 0),
             fmt(r["iops"]),
             fmt(p99, 1 if p99 is not None and p99 < 100 else 0),
+            fmt(r.get("cpu_busy_pct")),
+            fmt(cpu, 1 if cpu is not None and cpu < 100 else 0),
             fmt(r.get("steal_pct"), 1),
         ) + tuple(fmt_ratio(ratio.get(f"vs_{b}")) for b in bases))
     return rows
@@ -342,7 +369,8 @@ def table_rows(doc):
 
 def print_table(doc):
     bases = compared_baselines(doc)
-    head = ("job", "target", "MB/s", "IOPS", "p99 us", "steal%") + tuple(f"vs {b}" for b in bases)
+    head = ("job", "target", "MB/s", "IOPS", "p99 us", "busy%", "CPU us/req",
+            "steal%") + tuple(f"vs {b}" for b in bases)
     rows = table_rows(doc)
     # Failure texts span the numeric columns instead of widening them.
     full = [head] + [r for r in rows if len(r) == len(head)]
@@ -366,6 +394,12 @@ def print_table(doc):
         previous = row[0]
     print()
     print("MB/s = 10^6 bytes/s; p99 = 99th percentile completion latency of one request;")
+    print(f"busy% = share of all {doc['machine']['cpus_online']} CPUs' time spent working "
+          "during that run (every process")
+    print("and the kernel; threads polling for an answer count as busy); CPU us/req = "
+          "busy% x CPUs / IOPS,")
+    print("the whole machine's CPU time per request (comparable across targets when "
+          "their busy% is high);")
     print("steal% = CPU time the hypervisor took during that run (high: a noisy figure).")
     if doc["settings"].get("repeat", 1) > 1:
         print(f"Each row is the median of {doc['settings']['repeat']} runs by throughput "
@@ -483,7 +517,8 @@ def main():
     jobs = args.jobs.split(",")
     targets = args.targets.split(",")
     rows = read_manifest(args.manifest)
-    every_run = [measure(row) for row in rows]
+    cpus = online_cpus()
+    every_run = [measure(row, cpus) for row in rows]
     results = median_runs(every_run)
     settings = {}
     for item in args.setting:
@@ -495,7 +530,7 @@ def main():
         "date": datetime.datetime.fromtimestamp(args.started, datetime.timezone.utc)
         .isoformat(timespec="seconds"),
         "wall_time_s": round(now - args.started, 1),
-        "machine": machine(),
+        "machine": dict(machine(), cpus_online=cpus),
         "loadavg_start": args.loadavg_start,
         "loadavg_end": " ".join(read_file("/proc/loadavg").split()[:3]),
         "cpu_busy_before_pct": args.busy_start,
