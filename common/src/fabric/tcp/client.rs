@@ -24,7 +24,8 @@
 //! beyond the limits or a stream that ends mid-completion breaks the connection.
 //!
 //! Deadlines: every read is bounded by the call's deadline (the socket's receive
-//! timeout is lowered to what is left when that is shorter). A call that misses its
+//! timeout is lowered to what is left when it would overshoot that by more than a
+//! small slack, at most 50 ms). A call that misses its
 //! deadline leaves the stream mid-frame, so the connection is closed then, as a
 //! queue pair goes to the error state when its retries run out; every later call
 //! fails at once with `Disconnected`. A thread queued behind a stalled call waits for
@@ -34,7 +35,7 @@ use super::direct;
 use super::wire::*;
 use crate::fabric::{Endpoint, FabricError, RdmaOp, MAX_DATA_OP};
 use crate::protocol::MAX_CONTROL_FRAME;
-use std::io::{BufReader, IoSlice, Read};
+use std::io::{BufReader, IoSlice, IoSliceMut, Read};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Mutex, MutexGuard, TryLockError};
@@ -45,6 +46,9 @@ pub const MAX_RUN: usize = 1024;
 /// Receive buffer: a small completion (a 4 KiB READ's) arrives with its header in
 /// one read; most of a large payload bypasses it and lands in the caller's buffer.
 const RX_BUFFER: usize = 16 << 10;
+/// Most a read may end after its call's deadline (an eighth of the timeout when
+/// that is less); see [`Io::arm`].
+const MAX_DEADLINE_SLACK: Duration = Duration::from_millis(50);
 /// The callers of this process that may poll for completions at once.
 static POLLERS: direct::PollSlots = direct::PollSlots::new();
 /// Most of an error completion's message that is kept.
@@ -71,17 +75,22 @@ struct Io {
     read_timeout: Duration,
     /// How long to poll for a completion before sleeping in the read.
     poll: Duration,
+    /// How far past a call's deadline a read may end (see [`Io::arm`]).
+    slack: Duration,
 }
 
 impl Io {
     /// Lowers the socket's receive timeout to what is left until `deadline`, when
-    /// that is shorter than the timeout set now.
+    /// the timeout set now would let a read block past it by more than `slack`. A
+    /// call's reads then cost no `setsockopt` each (a streamed READ makes several;
+    /// only a call that has run longer than `slack` lowers it), and none of them
+    /// ends more than `slack` after the deadline.
     fn arm(&mut self, deadline: Instant) -> Result<(), RxError> {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(RxError::Timeout);
         }
-        if left < self.read_timeout {
+        if left + self.slack < self.read_timeout {
             self.set_read_timeout(left)?;
         }
         Ok(())
@@ -105,19 +114,42 @@ impl Io {
             match self.r.read(&mut buf[done..]) {
                 Ok(0) => return Err(RxError::Broken("peer closed the connection".into())),
                 Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Err(RxError::Timeout)
-                }
-                Err(e) => return Err(RxError::Broken(format!("read failed: {e}"))),
+                Err(e) => Self::read_error(e)?,
             }
         }
         Ok(())
+    }
+
+    /// Fills the buffers `bufs` in order from the stream by `deadline`, with as few
+    /// reads as the data's arrival allows (a merged READ's payload lands in all its
+    /// pages at once rather than a read per page).
+    fn scatter_by(
+        &mut self,
+        mut bufs: &mut [IoSliceMut<'_>],
+        deadline: Instant,
+    ) -> Result<(), RxError> {
+        IoSliceMut::advance_slices(&mut bufs, 0);
+        while !bufs.is_empty() {
+            if self.r.buffer().is_empty() {
+                self.arm(deadline)?;
+            }
+            match self.r.read_vectored(bufs) {
+                Ok(0) => return Err(RxError::Broken("peer closed the connection".into())),
+                Ok(n) => IoSliceMut::advance_slices(&mut bufs, n),
+                Err(e) => Self::read_error(e)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// What a failed read means: nothing for an interrupted one, else why the call
+    /// ends.
+    fn read_error(e: std::io::Error) -> Result<(), RxError> {
+        match e.kind() {
+            std::io::ErrorKind::Interrupted => Ok(()),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Err(RxError::Timeout),
+            _ => Err(RxError::Broken(format!("read failed: {e}"))),
+        }
     }
 
     /// Reads and drops `len` bytes.
@@ -220,6 +252,7 @@ impl TcpEndpoint {
                 next_wr_id: 1,
                 read_timeout: timeout,
                 poll: Duration::ZERO,
+                slack: (timeout / 8).min(MAX_DEADLINE_SLACK),
             }),
             stream,
             dead: Mutex::new(None),
@@ -367,12 +400,15 @@ impl TcpEndpoint {
             let is_read = matches!(ops[span.start], RdmaOp::Read { .. });
             let r = match h.status {
                 STATUS_OK if is_read && len == want => {
-                    for op in &mut ops[span.clone()] {
-                        if let RdmaOp::Read { local, .. } = op {
-                            io.read_exact_by(local, deadline)
-                                .map_err(|e| self.rx_failed(e))?;
-                        }
-                    }
+                    let mut locals: Vec<IoSliceMut<'_>> = ops[span.clone()]
+                        .iter_mut()
+                        .filter_map(|op| match op {
+                            RdmaOp::Read { local, .. } => Some(IoSliceMut::new(local)),
+                            RdmaOp::Write { .. } => None,
+                        })
+                        .collect();
+                    io.scatter_by(&mut locals, deadline)
+                        .map_err(|e| self.rx_failed(e))?;
                     Ok(())
                 }
                 STATUS_OK if is_read => {

@@ -319,3 +319,85 @@ fn a_peer_that_closes_is_seen_while_idle() {
         "a READ after the close: {r:?}"
     );
 }
+
+#[test]
+fn a_merged_read_arriving_in_pieces_fills_each_buffer_in_order() {
+    // Larger than the receive buffer, so most of it is read straight into the
+    // callers' buffers, and sent in pieces so that takes several reads.
+    let lens = [40 << 10, 1, 24 << 10];
+    let total: usize = lens.iter().sum();
+    let (addr, t) = peer(move |mut s| {
+        let h = request(&mut s);
+        assert_eq!((h.op, h.addr, h.len as usize), (OP_READ, 0, total));
+        let payload: Vec<u8> = (0..total).map(|i| (i % 251) as u8).collect();
+        let head = CompletionHeader {
+            wr_id: h.wr_id,
+            status: STATUS_OK,
+            len: total as u32,
+        };
+        let mut frame = head.encode().to_vec();
+        frame.extend_from_slice(&payload[..10]);
+        std::io::Write::write_all(&mut s, &frame).expect("the first piece");
+        for piece in payload[10..].chunks(7 << 10) {
+            std::thread::sleep(Duration::from_millis(5));
+            std::io::Write::write_all(&mut s, piece).expect("a piece");
+        }
+        let _ = s.read(&mut [0u8; 1]);
+    });
+    let ep = TcpEndpoint::connect(&addr, Duration::from_secs(5)).expect("connect");
+    let mut bufs: Vec<Vec<u8>> = lens.iter().map(|&n| vec![0u8; n]).collect();
+    let mut at_addr = 0;
+    let mut ops: Vec<RdmaOp<'_>> = bufs
+        .iter_mut()
+        .map(|b| {
+            let op = RdmaOp::Read {
+                remote: at(at_addr, 9),
+                local: b,
+            };
+            at_addr += op.len() as u64;
+            op
+        })
+        .collect();
+    let r = ep.execute(&mut ops);
+    assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
+    drop(ops);
+    let got: Vec<u8> = bufs.concat();
+    assert_eq!(got.len(), total);
+    assert!(
+        got.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8),
+        "every byte lands where it belongs"
+    );
+    drop(ep);
+    t.join().expect("peer");
+}
+
+#[test]
+fn a_peer_that_trickles_a_payload_still_times_out_at_the_deadline() {
+    let (addr, t) = peer(|mut s| {
+        let h = request(&mut s);
+        let head = CompletionHeader {
+            wr_id: h.wr_id,
+            status: STATUS_OK,
+            len: h.len,
+        };
+        std::io::Write::write_all(&mut s, &head.encode()).expect("the header");
+        // A byte now and then: every read returns, but the payload never ends.
+        while std::io::Write::write_all(&mut s, &[7]).is_ok() {
+            std::thread::sleep(SHORT / 10);
+        }
+    });
+    let ep = TcpEndpoint::connect(&addr, SHORT).expect("connect");
+    let start = Instant::now();
+    let r = read_one(&ep, 64 << 10);
+    let took = start.elapsed();
+    assert!(
+        matches!(r, Err(FabricError::Timeout { .. })),
+        "expected a timeout, got {r:?}"
+    );
+    assert!(
+        took >= SHORT && took < 3 * SHORT,
+        "timed out after {took:?}, deadline {SHORT:?}"
+    );
+    assert!(!ep.is_connected(), "a timed-out connection is closed");
+    t.join().expect("peer");
+}
