@@ -878,6 +878,26 @@ impl PageCache {
         }
     }
 
+    /// Makes the clean pages of blocks `blocks` of `ino` the next to be evicted, the
+    /// last of them first: for a stream's blocks once they are served. The kernel's
+    /// page cache (or the program) has them then, so a stream longer than the cache
+    /// does not push out the rest of what it holds, and its next blocks reuse the
+    /// buffers it just read (still in the CPU's caches) rather than the coldest ones.
+    /// Dirty pages and pages in use keep their place.
+    pub fn drop_behind(&self, ino: u64, blocks: Range<u64>) {
+        let mut idx = lock(&self.index);
+        for i in blocks {
+            let key = (ino, i);
+            let clean = idx
+                .lru
+                .peek(&key)
+                .is_some_and(|p| p.state.try_lock().is_ok_and(|g| !g.is_dirty()));
+            if clean {
+                idx.lru.demote(&key);
+            }
+        }
+    }
+
     /// Number of dirty pages (for tests and statistics).
     pub fn dirty_pages(&self) -> usize {
         let pages: Vec<Arc<Page>> = {

@@ -464,6 +464,16 @@ impl RmemFs {
                 Ok(())
             },
         )?;
+        if sequential {
+            // The stream is done with the blocks this read ends: they go first when
+            // the cache needs room (see `PageCache::drop_behind`).
+            let done = if end % bs == 0 || end == size {
+                last + 1
+            } else {
+                last
+            };
+            self.cache.drop_behind(ino, first..done);
+        }
         let c = &self.counters;
         FileCounters::count(&c.reads, &c.read_bytes, out.len());
         Ok(out)

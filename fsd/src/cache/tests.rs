@@ -835,3 +835,36 @@ fn the_cleaner_writes_back_the_coldest_dirty_pages_and_eviction_then_stores_noth
     c.flush_all(&b).unwrap();
     assert_eq!(c.clean_cold(&b, 4), 0);
 }
+
+#[test]
+fn pages_dropped_behind_go_first_unless_dirty() {
+    let b = MemBacking::default();
+    let c = PageCache::new(4 * BS as u64, BS);
+    for i in 0..4 {
+        write_block(&c, &b, (1, i), i as u8 + 1);
+    }
+    c.flush_all(&b).unwrap();
+    // Block 0 is the least recently used; 2 is dirty again.
+    write_block(&c, &b, (1, 2), 9);
+    c.drop_behind(1, 1..3);
+    let loads = b.loads.load(Ordering::SeqCst);
+    // A fifth block evicts block 1 (dropped behind, clean), not block 0.
+    read_block(&c, &b, (2, 0));
+    assert_eq!(read_block(&c, &b, (1, 0)), vec![1u8; BS], "block 0 stayed");
+    assert_eq!(
+        read_block(&c, &b, (1, 2)),
+        vec![9u8; BS],
+        "dirty block 2 stayed"
+    );
+    assert_eq!(
+        b.loads.load(Ordering::SeqCst),
+        loads + 1,
+        "only the new block was loaded"
+    );
+    assert_eq!(read_block(&c, &b, (1, 1)), vec![2u8; BS]);
+    assert_eq!(
+        b.loads.load(Ordering::SeqCst),
+        loads + 2,
+        "block 1 was the one evicted"
+    );
+}

@@ -513,3 +513,27 @@ fn reads_stay_exact_while_prefetch_threads_race_writes_and_truncates() {
         stop.store(true, Ordering::Relaxed);
     });
 }
+
+#[test]
+fn a_stream_longer_than_the_cache_leaves_the_rest_of_the_cache_alone() {
+    let r = rig(16 << 20, 64 * BS, 1 << 20);
+    let (stream, data) = file_mostly_in_remote_memory(&r, 200, 11);
+    let hot = new_file(&r.fs, "hot");
+    let hot_data = pattern(8 * BS as usize, 12);
+    r.fs.write(hot, 0, &hot_data).unwrap();
+    r.fs.flush_all().unwrap();
+    assert_eq!(r.fs.read(hot, 0, hot_data.len() as u32).unwrap(), hot_data);
+    // Three times the cache, read sequentially.
+    let mut back = Vec::new();
+    while back.len() < data.len() {
+        back.extend(r.fs.read(stream, back.len() as u64, 4 * BS as u32).unwrap());
+    }
+    assert!(back == data, "the stream reads back exactly");
+    let reads = r.fs.remote().counters.reads.load(Ordering::Relaxed);
+    assert_eq!(r.fs.read(hot, 0, hot_data.len() as u32).unwrap(), hot_data);
+    assert_eq!(
+        r.fs.remote().counters.reads.load(Ordering::Relaxed),
+        reads,
+        "the other file is still cached"
+    );
+}
