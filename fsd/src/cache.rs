@@ -42,6 +42,12 @@
 //!   completed (by a fill around it, or by writes) becomes valid and dirty. A page
 //!   written back whole is made fully valid first, in one load batch per write-back
 //!   batch; a page written back in part stores its dirty sectors and its parts.
+//! - Streams do not age like other pages: a sequential reader's blocks are moved to
+//!   the cold end of the LRU once served ([`PageCache::drop_behind`]), and a
+//!   sequential writer's finished blocks are written back by the cleaner right away
+//!   and moved there then ([`PageCache::write_behind`]). A stream then cycles
+//!   through a few buffers that are still in the CPU's caches, and leaves the rest
+//!   of the cache alone.
 //! - The pool may briefly overshoot `capacity` when every page is in use at once (many
 //!   threads each holding pages); it never blocks waiting for a buffer, so no thread
 //!   can deadlock on memory another waiting thread holds.
@@ -339,9 +345,13 @@ pub struct PageCache {
     sectors: Sectors,
     slab: Slab,
     index: Mutex<Index>,
-    /// Set by an eviction round, for the cleaner (see [`PageCache::clean_cold`]).
+    /// Set by an eviction round or a queued write-behind: the cleaner has work (see
+    /// [`PageCache::wait_for_work`]).
     evicting_now: Mutex<bool>,
     evicted: Condvar,
+    /// Blocks sequential writers have finished, for the cleaner to write back soon
+    /// (see [`PageCache::write_behind`]).
+    behind: Mutex<Vec<PageKey>>,
     pub counters: CacheCounters,
 }
 
@@ -369,6 +379,7 @@ impl PageCache {
             }),
             evicting_now: Mutex::new(false),
             evicted: Condvar::new(),
+            behind: Mutex::new(Vec::new()),
             counters: CacheCounters::default(),
         }
     }
@@ -445,8 +456,7 @@ impl PageCache {
                 }
                 victims
             };
-            *lock(&self.evicting_now) = true;
-            self.evicted.notify_one();
+            self.wake_cleaner();
             overshoot = self.evict(backing, victims) == 0;
         }
     }
@@ -885,19 +895,66 @@ impl PageCache {
     /// buffers it just read (still in the CPU's caches) rather than the coldest ones.
     /// Dirty pages and pages in use keep their place.
     pub fn drop_behind(&self, ino: u64, blocks: Range<u64>) {
+        let pages = lock(&self.index).pages_of(ino, blocks);
+        let clean: Vec<&Arc<Page>> = pages
+            .iter()
+            .filter(|p| p.state.try_lock().is_ok_and(|g| g.live && !g.is_dirty()))
+            .collect();
+        self.demote(&clean);
+    }
+
+    /// Moves `pages` (ascending keys) that are still cached to the cold end of the
+    /// LRU, the last of them coldest.
+    fn demote(&self, pages: &[&Arc<Page>]) {
         let mut idx = lock(&self.index);
-        for i in blocks {
-            let key = (ino, i);
-            let clean = idx
-                .lru
-                .peek(&key)
-                .is_some_and(|p| p.state.try_lock().is_ok_and(|g| !g.is_dirty()));
-            if clean {
-                idx.lru.demote(&key);
+        for p in pages {
+            if idx.lru.peek(&p.key).is_some_and(|q| Arc::ptr_eq(q, p)) {
+                idx.lru.demote(&p.key);
             }
         }
     }
 
+    /// Queues blocks `blocks` of `ino`, which a sequential writer has finished, to be
+    /// written back soon by the cleaner ([`PageCache::clean_behind`]) rather than when
+    /// they grow cold, and dropped behind then: a written stream reaches remote memory
+    /// right behind the writer, and its next blocks reuse buffers it just wrote
+    /// (still in the CPU's caches) rather than the coldest ones. At most a cache's
+    /// worth of blocks wait; beyond that, blocks are left to the usual write-back.
+    pub fn write_behind(&self, ino: u64, blocks: Range<u64>) {
+        {
+            let mut q = lock(&self.behind);
+            let room = self.capacity.saturating_sub(q.len());
+            q.extend(blocks.take(room).map(|i| (ino, i)));
+        }
+        self.wake_cleaner();
+    }
+
+    /// Writes back the blocks queued by [`PageCache::write_behind`] that are still
+    /// dirty, in batches, and drops behind those that are clean then. Pages in use
+    /// are left to the usual write-back. Returns how many pages were written back.
+    pub fn clean_behind(&self, backing: &dyn Backing) -> usize {
+        let mut keys = std::mem::take(&mut *lock(&self.behind));
+        if keys.is_empty() {
+            return 0;
+        }
+        // Ascending keys: the lock order for several pages.
+        keys.sort_unstable();
+        keys.dedup();
+        let mut written = 0;
+        // A batch at a time: a batch's pages stay locked until it is stored.
+        for keys in keys.chunks(self.group_len()) {
+            let pages: Vec<Arc<Page>> = {
+                let idx = lock(&self.index);
+                keys.iter()
+                    .filter_map(|k| idx.lru.peek(k).cloned())
+                    .collect()
+            };
+            let (n, clean) = self.clean_pages(backing, &pages);
+            self.demote(&clean);
+            written += n;
+        }
+        written
+    }
     /// Number of dirty pages (for tests and statistics).
     pub fn dirty_pages(&self) -> usize {
         let pages: Vec<Arc<Page>> = {
@@ -916,8 +973,15 @@ impl PageCache {
         lock(&self.index).lru.len()
     }
 
-    /// Waits up to `d` for the cache to evict; true if it did meanwhile.
-    pub fn wait_for_evictions(&self, d: Duration) -> bool {
+    /// Wakes the cleaner's [`PageCache::wait_for_work`].
+    fn wake_cleaner(&self) {
+        *lock(&self.evicting_now) = true;
+        self.evicted.notify_one();
+    }
+
+    /// Waits up to `d` for work for the cleaner (the cache evicted, or blocks were
+    /// queued to write behind); true if there was some meanwhile.
+    pub fn wait_for_work(&self, d: Duration) -> bool {
         let g = lock(&self.evicting_now);
         let (mut g, _) = self
             .evicted
@@ -942,19 +1006,39 @@ impl PageCache {
         };
         // Ascending keys: the lock order for several pages.
         cold.sort_by_key(|p| p.key);
-        let mut guards: Vec<(PageKey, MutexGuard<'_, PageState>)> = cold
+        self.clean_pages(backing, &cold).0
+    }
+
+    /// Writes back the dirty ones among `pages` (ascending keys) in one batch,
+    /// skipping pages in use. Returns how many were written back, and those of
+    /// `pages` that were clean after it.
+    fn clean_pages<'p>(
+        &self,
+        backing: &dyn Backing,
+        pages: &'p [Arc<Page>],
+    ) -> (usize, Vec<&'p Arc<Page>>) {
+        let mut guards: Vec<(&Arc<Page>, MutexGuard<'_, PageState>)> = pages
             .iter()
-            .filter_map(|p| p.state.try_lock().ok().map(|g| (p.key, g)))
-            .filter(|(_, g)| g.live && g.is_dirty())
+            .filter_map(|p| p.state.try_lock().ok().map(|g| (p, g)))
+            .filter(|(_, g)| g.live)
             .collect();
-        let mut batch: Vec<(PageKey, &mut PageState)> =
-            guards.iter_mut().map(|(k, g)| (*k, &mut **g)).collect();
+        let mut batch: Vec<(PageKey, &mut PageState)> = guards
+            .iter_mut()
+            .filter(|(_, g)| g.is_dirty())
+            .map(|(p, g)| (p.key, &mut **g))
+            .collect();
         let written = batch.len();
         if let Err(e) = self.write_back(backing, &mut batch, false) {
             // Recorded by the backing; the page stays dirty for its eviction to retry.
-            log::debug!("cleaning cold pages: {e}");
+            log::debug!("cleaning pages: {e}");
         }
-        written
+        drop(batch);
+        let clean = guards
+            .iter()
+            .filter(|(_, g)| !g.is_dirty())
+            .map(|(p, _)| *p)
+            .collect();
+        (written, clean)
     }
 }
 

@@ -320,15 +320,17 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         })
     };
 
-    // Writing back the coldest dirty pages while the cache evicts, so requests that
-    // need a buffer mostly find clean pages to drop.
+    // Writing back what sequential writers have finished, and the coldest dirty pages
+    // while the cache evicts, so requests that need a buffer mostly find clean pages
+    // to drop.
     let cleaner = {
         let fs = fs.clone();
         let stop = stop.clone();
         let ahead = (fs.cache().capacity_pages() / 8).clamp(1, CLEAN_AHEAD_PAGES);
         std::thread::spawn(move || {
             while !stop.is_stopped() {
-                if fs.cache().wait_for_evictions(CLEANER_IDLE_WAIT) {
+                if fs.cache().wait_for_work(CLEANER_IDLE_WAIT) {
+                    fs.cache().clean_behind(&*fs);
                     fs.cache().clean_cold(&*fs, ahead);
                 }
             }

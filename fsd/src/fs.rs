@@ -98,6 +98,17 @@ pub struct RmemFs {
     redundancy: std::sync::Mutex<Redundancy>,
 }
 
+/// The blocks from `first` to `last` that a sequential access ending at byte `end`
+/// (inside block `last`, of `bs` bytes) has finished with: all of them if it ends
+/// at the end of a block or of the file (`at_eof`), else all but the last.
+fn finished_blocks(first: u64, last: u64, end: u64, bs: u64, at_eof: bool) -> std::ops::Range<u64> {
+    if at_eof || end == (last + 1) * bs {
+        first..last + 1
+    } else {
+        first..last
+    }
+}
+
 impl RmemFs {
     pub fn new(remote: Arc<RemoteStore>, cache_bytes: u64, owner: Caller) -> RmemFs {
         let block_size = remote.block_size();
@@ -467,12 +478,8 @@ impl RmemFs {
         if sequential {
             // The stream is done with the blocks this read ends: they go first when
             // the cache needs room (see `PageCache::drop_behind`).
-            let done = if end % bs == 0 || end == size {
-                last + 1
-            } else {
-                last
-            };
-            self.cache.drop_behind(ino, first..done);
+            self.cache
+                .drop_behind(ino, finished_blocks(first, last, end, bs, end == size));
         }
         let c = &self.counters;
         FileCounters::count(&c.reads, &c.read_bytes, out.len());
@@ -553,6 +560,13 @@ impl RmemFs {
         // A write drops file capabilities, as on a local filesystem. The kernel asks
         // for that itself before writes through its page cache, not direct-I/O ones.
         m.xattrs.remove(OsStr::new(privs::FILE_CAPABILITIES));
+        drop(m);
+        if inode.next_write.swap(end, Ordering::Relaxed) == offset && offset > 0 {
+            // A stream: what it has finished goes to remote memory now, behind it
+            // (see `PageCache::write_behind`).
+            self.cache
+                .write_behind(inode.ino, finished_blocks(first, last, end, bs, false));
+        }
         let c = &self.counters;
         FileCounters::count(&c.writes, &c.write_bytes, data.len());
         Ok(data.len() as u32)

@@ -91,6 +91,8 @@ pub struct Inode {
     pub next_read: AtomicU64,
     /// Block index up to which a sequential reader's readahead has been queued.
     pub readahead_to: AtomicU64,
+    /// Byte offset just past the last write, for sequential-write detection.
+    pub next_write: AtomicU64,
 }
 
 impl Inode {
@@ -110,6 +112,7 @@ impl Inode {
             }),
             next_read: AtomicU64::new(0),
             readahead_to: AtomicU64::new(0),
+            next_write: AtomicU64::new(0),
         }
     }
 

@@ -814,7 +814,7 @@ fn the_cleaner_writes_back_the_coldest_dirty_pages_and_eviction_then_stores_noth
     let b = MemBacking::default();
     let c = PageCache::new((4 * BS) as u64, BS);
     assert!(
-        !c.wait_for_evictions(Duration::from_millis(1)),
+        !c.wait_for_work(Duration::from_millis(1)),
         "nothing evicted yet"
     );
     for i in 0..4u64 {
@@ -829,7 +829,7 @@ fn the_cleaner_writes_back_the_coldest_dirty_pages_and_eviction_then_stores_noth
     write_block(&c, &b, (1, 4), 5);
     write_block(&c, &b, (1, 5), 6);
     assert_eq!(b.stores.load(Ordering::SeqCst), 2);
-    assert!(c.wait_for_evictions(Duration::from_millis(1)));
+    assert!(c.wait_for_work(Duration::from_millis(1)));
     assert_eq!(read_block(&c, &b, (1, 0)), vec![1; BS]);
     // Clean pages cost nothing to the cleaner.
     c.flush_all(&b).unwrap();
@@ -866,5 +866,53 @@ fn pages_dropped_behind_go_first_unless_dirty() {
         b.loads.load(Ordering::SeqCst),
         loads + 2,
         "block 1 was the one evicted"
+    );
+}
+
+#[test]
+fn blocks_written_behind_are_stored_by_the_cleaner_and_then_go_first() {
+    let b = MemBacking::default();
+    let c = PageCache::new((8 * BS) as u64, BS);
+    for i in 0..8u64 {
+        write_block(&c, &b, (1, i), i as u8 + 1);
+    }
+    c.write_behind(1, 6..8);
+    assert!(
+        c.wait_for_work(Duration::from_millis(1)),
+        "the cleaner is woken"
+    );
+    // Blocks 6 and 7 go to the backing in one batch, the others stay dirty.
+    assert_eq!(c.clean_behind(&b), 2);
+    assert_eq!(b.store_calls.load(Ordering::SeqCst), 1);
+    assert_eq!(*lock(&b.stored), vec![((1, 6), 0, BS), ((1, 7), 0, BS)]);
+    assert_eq!(c.dirty_pages(), 6);
+    assert_eq!(c.clean_behind(&b), 0, "the queue is empty now");
+    // They are the next to go, the last first: a new block evicts block 7 and
+    // writes nothing back.
+    write_block(&c, &b, (2, 0), 9);
+    assert_eq!(b.stores.load(Ordering::SeqCst), 2);
+    let loads = b.loads.load(Ordering::SeqCst);
+    assert_eq!(read_block(&c, &b, (1, 6)), vec![7; BS]);
+    assert_eq!(b.loads.load(Ordering::SeqCst), loads, "block 6 stayed");
+    assert_eq!(read_block(&c, &b, (1, 7)), vec![8; BS]);
+    assert_eq!(
+        b.loads.load(Ordering::SeqCst),
+        loads + 1,
+        "block 7 was evicted, and reads back from the backing"
+    );
+}
+
+#[test]
+fn a_queued_write_behind_of_a_dropped_page_writes_nothing() {
+    let b = MemBacking::default();
+    let c = PageCache::new((4 * BS) as u64, BS);
+    write_block(&c, &b, (1, 0), 1);
+    c.write_behind(1, 0..1);
+    c.invalidate(1, 0);
+    assert_eq!(c.clean_behind(&b), 0);
+    assert_eq!(
+        b.stores.load(Ordering::SeqCst),
+        0,
+        "a truncated block is not stored"
     );
 }

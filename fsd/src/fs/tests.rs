@@ -537,3 +537,27 @@ fn a_stream_longer_than_the_cache_leaves_the_rest_of_the_cache_alone() {
         "the other file is still cached"
     );
 }
+
+#[test]
+fn a_sequential_writer_has_its_finished_blocks_written_behind_it() {
+    let r = rig(16 << 20, 64 * BS, 1 << 20);
+    let ino = new_file(&r.fs, "w");
+    let data = pattern(10 * BS as usize + 100, 13);
+    let writes = || r.fs.remote().counters.writes.load(Ordering::Relaxed);
+    // Four writes in a row; the first is not known to be a stream yet.
+    let piece = data.len() / 4 + 1;
+    for (n, chunk) in data.chunks(piece).enumerate() {
+        r.fs.write(ino, (n * piece) as u64, chunk).unwrap();
+    }
+    assert_eq!(writes(), 0, "nothing is written back by the requests");
+    let written = r.fs.cache().clean_behind(&r.fs);
+    // The blocks the three later writes finished: from the second write's first
+    // block to the last whole block.
+    let (from, to) = (piece as u64 / BS, data.len() as u64 / BS);
+    assert_eq!(written as u64, to - from);
+    assert!(writes() >= 1, "they went to remote memory");
+    assert_eq!(r.fs.cache().dirty_pages() as u64, 11 - (to - from));
+    assert_eq!(r.fs.read(ino, 0, data.len() as u32).unwrap(), data);
+    r.fs.flush_all().unwrap();
+    assert_eq!(r.fs.cache().dirty_pages(), 0);
+}
