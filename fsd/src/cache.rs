@@ -45,9 +45,10 @@
 //! - Streams do not age like other pages: a sequential reader's blocks are moved to
 //!   the cold end of the LRU once served ([`PageCache::drop_behind`]), and a
 //!   sequential writer's finished blocks are written back by the cleaner right away
-//!   and moved there then ([`PageCache::write_behind`]). A stream then cycles
-//!   through a few buffers that are still in the CPU's caches, and leaves the rest
-//!   of the cache alone.
+//!   and moved there then ([`PageCache::write_behind`]). The last page moved there
+//!   goes first, so a stream cycles through a few buffers that are still in the
+//!   CPU's caches and leaves the rest of the cache alone (what it read or wrote
+//!   before the cache filled included).
 //! - The pool may briefly overshoot `capacity` when every page is in use at once (many
 //!   threads each holding pages); it never blocks waiting for a buffer, so no thread
 //!   can deadlock on memory another waiting thread holds.
@@ -949,9 +950,11 @@ impl PageCache {
                     .filter_map(|k| idx.lru.peek(k).cloned())
                     .collect()
             };
-            let (n, clean) = self.clean_pages(backing, &pages);
+            let (n, clean, busy) = self.clean_pages(backing, &pages);
             self.demote(&clean);
             written += n;
+            // In use (a reader, a flush): their turn comes at the cleaner's next round.
+            lock(&self.behind).extend(busy.iter().map(|p| p.key));
         }
         written
     }
@@ -1010,16 +1013,23 @@ impl PageCache {
     }
 
     /// Writes back the dirty ones among `pages` (ascending keys) in one batch,
-    /// skipping pages in use. Returns how many were written back, and those of
-    /// `pages` that were clean after it.
+    /// skipping pages in use. Returns how many were written back, those of `pages`
+    /// that were clean after it, and those skipped.
     fn clean_pages<'p>(
         &self,
         backing: &dyn Backing,
         pages: &'p [Arc<Page>],
-    ) -> (usize, Vec<&'p Arc<Page>>) {
+    ) -> (usize, Vec<&'p Arc<Page>>, Vec<&'p Arc<Page>>) {
+        let mut busy = Vec::new();
         let mut guards: Vec<(&Arc<Page>, MutexGuard<'_, PageState>)> = pages
             .iter()
-            .filter_map(|p| p.state.try_lock().ok().map(|g| (p, g)))
+            .filter_map(|p| match p.state.try_lock() {
+                Ok(g) => Some((p, g)),
+                Err(_) => {
+                    busy.push(p);
+                    None
+                }
+            })
             .filter(|(_, g)| g.live)
             .collect();
         let mut batch: Vec<(PageKey, &mut PageState)> = guards
@@ -1038,7 +1048,7 @@ impl PageCache {
             .filter(|(_, g)| !g.is_dirty())
             .map(|(p, _)| *p)
             .collect();
-        (written, clean)
+        (written, clean, busy)
     }
 }
 

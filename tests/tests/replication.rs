@@ -540,8 +540,9 @@ fn one_replica_losing_a_memnode_fails_exactly_its_blocks_with_eio_in_bounded_tim
         killed.elapsed().as_secs_f64()
     );
 
-    // New writes go to the survivor. 4 MiB also cycles fsd's 1 MiB cache, so none of
-    // the 64 blocks is still in it.
+    // New writes go to the survivor. The new file's first write (1 MiB, before fsd
+    // takes the writer for a stream, whose pages it would recycle) takes every page
+    // of fsd's 1 MiB cache, so none of the old blocks is still in it.
     let after = fsd.join("after");
     let (p, a) = (pattern.derive(1000), after.clone());
     within(

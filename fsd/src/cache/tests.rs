@@ -916,3 +916,18 @@ fn a_queued_write_behind_of_a_dropped_page_writes_nothing() {
         "a truncated block is not stored"
     );
 }
+
+#[test]
+fn a_page_in_use_when_its_write_behind_comes_is_written_at_the_next_round() {
+    let b = MemBacking::default();
+    let c = PageCache::new((8 * BS) as u64, BS);
+    write_block(&c, &b, (1, 0), 1);
+    c.write_behind(1, 0..1);
+    let page = lock(&c.index).lru.peek(&(1, 0)).cloned().expect("cached");
+    let held = lock(&page.state);
+    assert_eq!(c.clean_behind(&b), 0, "skipped while in use");
+    drop(held);
+    assert_eq!(c.clean_behind(&b), 1, "written at the next round");
+    assert_eq!(*lock(&b.stored), vec![((1, 0), 0, BS)]);
+    assert_eq!(c.dirty_pages(), 0);
+}
