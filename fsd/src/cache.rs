@@ -958,6 +958,7 @@ impl PageCache {
         }
         written
     }
+
     /// Number of dirty pages (for tests and statistics).
     pub fn dirty_pages(&self) -> usize {
         let pages: Vec<Arc<Page>> = {
