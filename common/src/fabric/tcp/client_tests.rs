@@ -34,13 +34,18 @@ fn request(s: &mut TcpStream) -> RequestHeader {
 }
 
 fn complete(s: &mut TcpStream, wr_id: u64, status: u8, payload: &[u8]) {
+    completion_header(s, wr_id, status, payload.len());
+    std::io::Write::write_all(s, payload).expect("completion payload");
+}
+
+/// A completion's header alone, announcing `len` payload bytes.
+fn completion_header(s: &mut TcpStream, wr_id: u64, status: u8, len: usize) {
     let h = CompletionHeader {
         wr_id,
         status,
-        len: payload.len() as u32,
+        len: len as u32,
     };
     std::io::Write::write_all(s, &h.encode()).expect("completion header");
-    std::io::Write::write_all(s, payload).expect("completion payload");
 }
 
 fn read_op(buf: &mut [u8]) -> RdmaOp<'_> {
@@ -330,15 +335,8 @@ fn a_merged_read_arriving_in_pieces_fills_each_buffer_in_order() {
         let h = request(&mut s);
         assert_eq!((h.op, h.addr, h.len as usize), (OP_READ, 0, total));
         let payload: Vec<u8> = (0..total).map(|i| (i % 251) as u8).collect();
-        let head = CompletionHeader {
-            wr_id: h.wr_id,
-            status: STATUS_OK,
-            len: total as u32,
-        };
-        let mut frame = head.encode().to_vec();
-        frame.extend_from_slice(&payload[..10]);
-        std::io::Write::write_all(&mut s, &frame).expect("the first piece");
-        for piece in payload[10..].chunks(7 << 10) {
+        completion_header(&mut s, h.wr_id, STATUS_OK, total);
+        for piece in payload.chunks(7 << 10) {
             std::thread::sleep(Duration::from_millis(5));
             std::io::Write::write_all(&mut s, piece).expect("a piece");
         }
@@ -375,12 +373,7 @@ fn a_merged_read_arriving_in_pieces_fills_each_buffer_in_order() {
 fn a_peer_that_trickles_a_payload_still_times_out_at_the_deadline() {
     let (addr, t) = peer(|mut s| {
         let h = request(&mut s);
-        let head = CompletionHeader {
-            wr_id: h.wr_id,
-            status: STATUS_OK,
-            len: h.len,
-        };
-        std::io::Write::write_all(&mut s, &head.encode()).expect("the header");
+        completion_header(&mut s, h.wr_id, STATUS_OK, h.len as usize);
         // A byte now and then: every read returns, but the payload never ends.
         while std::io::Write::write_all(&mut s, &[7]).is_ok() {
             std::thread::sleep(SHORT / 10);
