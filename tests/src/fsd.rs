@@ -181,6 +181,26 @@ impl FsdMount {
         self.mountpoint.join(rel)
     }
 
+    /// Pushes every block cached so far out of fsd's cache of `cache` bytes, so that
+    /// reads of them go to remote memory: writes a file of three times the cache, one
+    /// `block`-byte piece at a time from its end back to its start (fsd sees no
+    /// stream, so these pages age like any data, and a stream's pages, which fsd
+    /// evicts first, cannot shield older ones; the third cache's worth covers a page
+    /// that an eviction found in use and put back), then deletes it.
+    pub fn push_out_of_cache(&self, cache: u64, block: u64) {
+        use std::os::unix::fs::FileExt;
+        let path = self.join(".push-out-of-cache");
+        let file = std::fs::File::create(&path)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+        let piece = vec![0x5au8; block as usize];
+        for i in (0..3 * cache / block).rev() {
+            file.write_all_at(&piece, i * block)
+                .unwrap_or_else(|e| panic!("writing {} at {}: {e}", path.display(), i * block));
+        }
+        drop(file);
+        std::fs::remove_file(&path).unwrap_or_else(|e| panic!("removing {}: {e}", path.display()));
+    }
+
     pub fn pid(&self) -> u32 {
         self.child
             .as_ref()

@@ -89,16 +89,12 @@ fn file_data_lives_on_the_memnode_and_its_loss_gives_eio_not_a_hang() {
          in use, but reports {stats:?}"
     );
 
-    // A block of the middle of the file (long out of fsd's 32 MiB cache, which keeps
-    // a stream's first and last blocks) reads back while the memnode is alive.
-    let (r, _) = timed_uncached_read(path.clone(), 32 * MIB, 64 << 10, FAIL_LIMIT);
-    let data = r.expect("reading a block while the memnode is alive");
-    rmemfs_tests::data::assert_bytes_eq(
-        &pattern.bytes(32 * MIB, 64 << 10),
-        &data,
-        32 * MIB,
-        "block at 32 MiB",
-    );
+    // None of the file is in fsd's cache now: its first block reads back from the
+    // memnode while it is alive.
+    fsd.push_out_of_cache(cache, 64 << 10);
+    let (r, _) = timed_uncached_read(path.clone(), 0, 64 << 10, FAIL_LIMIT);
+    let data = r.expect("reading the first block while the memnode is alive");
+    rmemfs_tests::data::assert_bytes_eq(&pattern.bytes(0, 64 << 10), &data, 0, "first block");
 
     memnode.kill();
     println!("memnode killed");
@@ -136,11 +132,11 @@ fn a_frozen_memnode_gives_eio_within_the_op_timeout() {
     let path = fsd.join("big");
     pattern.write_file(&path, len);
 
+    fsd.push_out_of_cache(8 * MIB, 64 << 10);
+
     // SIGSTOP: connections stay open but nothing answers, so only fsd's timeout helps.
-    // The middle of the file: fsd's cache keeps a stream's first blocks (and its
-    // last ones may still be on their way to remote memory), not its middle.
     memnode.freeze();
-    let (r, took) = timed_uncached_read(path.clone(), len / 2, 64 << 10, FAIL_LIMIT);
+    let (r, took) = timed_uncached_read(path.clone(), 0, 64 << 10, FAIL_LIMIT);
     println!("read from a frozen memnode: {} in {took:?}", describe(&r));
     assert_errno(
         r,

@@ -12,13 +12,10 @@ use std::time::Duration;
 
 const SECTOR: u64 = 4096;
 const BLOCK: u64 = 64 << 10;
-/// The file: 64 MiB through a 4 MiB cache, so once it is written its blocks are
-/// only in remote memory but for the first and last few MiB (fsd's cache keeps what
-/// a stream wrote before it filled, and the stream's last writes).
+/// The file: 64 MiB, through a 4 MiB cache.
 const FILE: u64 = 64 * MIB;
-/// Where the requests go: 48 MiB in the middle of the file.
-const MIDDLE: std::ops::Range<u64> = 8 * MIB..56 * MIB;
-/// Requests per phase, each in a block of its own in the middle.
+const CACHE: u64 = 4 * MIB;
+/// Requests per phase, each in a block of its own among the first 48 MiB.
 const N: u64 = 200;
 
 fn open_direct(path: &std::path::Path) -> File {
@@ -30,14 +27,14 @@ fn open_direct(path: &std::path::Path) -> File {
         .unwrap_or_else(|e| panic!("open {} with O_DIRECT: {e}", path.display()))
 }
 
-/// N distinct blocks in the middle of the file, in a scattered order, with a sector
+/// N distinct blocks among the first 48 MiB, in a scattered order, with a sector
 /// inside each (never the first, so no request starts where the previous one ended:
 /// fsd would take that for a stream and read ahead).
 fn scattered(seed: u64) -> Vec<u64> {
-    let blocks = (MIDDLE.end - MIDDLE.start) / BLOCK;
+    let blocks = 48 * MIB / BLOCK;
     (0..N)
         .map(|i| {
-            let block = MIDDLE.start / BLOCK + (i * 97 + seed) % blocks;
+            let block = (i * 97 + seed) % blocks;
             let sector = 1 + (i * 7 + seed) % (BLOCK / SECTOR - 1);
             block * BLOCK + sector * SECTOR
         })
@@ -62,7 +59,7 @@ fn random_4k_direct_io_moves_4k_per_request_over_the_fabric() {
         &memnode,
         &[
             "--cache",
-            "4M",
+            &CACHE.to_string(),
             "--block-size",
             "64K",
             "--stats-file",
@@ -73,9 +70,10 @@ fn random_4k_direct_io_moves_4k_per_request_over_the_fabric() {
     let pattern = Pattern::for_test("remote traffic of 4 KiB direct I/O");
     pattern.write_file(&path, FILE);
     File::open(&path).and_then(|f| f.sync_all()).expect("fsync");
+    fsd.push_out_of_cache(CACHE, BLOCK);
     let file = open_direct(&path);
 
-    // Reads: each misses fsd's cache, which holds none of the middle of the file.
+    // Reads: each misses fsd's cache, which holds none of the file now.
     let before = settled(&stats, "remote_writes", 0);
     let mut buf = AlignedBuf::new(SECTOR as usize, SECTOR as usize);
     for &at in &scattered(1) {

@@ -540,9 +540,7 @@ fn one_replica_losing_a_memnode_fails_exactly_its_blocks_with_eio_in_bounded_tim
         killed.elapsed().as_secs_f64()
     );
 
-    // New writes go to the survivor. The new file's first write (1 MiB, before fsd
-    // takes the writer for a stream, whose pages it would recycle) takes every page
-    // of fsd's 1 MiB cache, so none of the old blocks is still in it.
+    // New writes go to the survivor.
     let after = fsd.join("after");
     let (p, a) = (pattern.derive(1000), after.clone());
     within(
@@ -556,6 +554,8 @@ fn one_replica_losing_a_memnode_fails_exactly_its_blocks_with_eio_in_bounded_tim
         "reading back the 4 MiB file written with memnode 1 dead",
         move || p.verify_file(&a, 4 * MIB),
     );
+    // None of the old blocks is in fsd's 1 MiB cache any more.
+    fsd.push_out_of_cache(MIB, BLOCK);
 
     // Each old file reads back exactly or fails with EIO, in bounded time.
     let mut lost = Vec::new();
