@@ -1022,33 +1022,34 @@ impl PageCache {
         pages: &'p [Arc<Page>],
     ) -> (usize, Vec<&'p Arc<Page>>, Vec<&'p Arc<Page>>) {
         let mut busy = Vec::new();
-        let mut guards: Vec<(&Arc<Page>, MutexGuard<'_, PageState>)> = pages
-            .iter()
-            .filter_map(|p| match p.state.try_lock() {
-                Ok(g) => Some((p, g)),
-                Err(_) => {
-                    busy.push(p);
-                    None
-                }
-            })
-            .filter(|(_, g)| g.live)
-            .collect();
-        let mut batch: Vec<(PageKey, &mut PageState)> = guards
-            .iter_mut()
-            .filter(|(_, g)| g.is_dirty())
-            .map(|(p, g)| (p.key, &mut **g))
-            .collect();
+        let mut clean = Vec::new();
+        // Only the dirty pages stay locked through the write-back: a clean one held
+        // meanwhile would be skipped by an eviction (in use) and put back as if used.
+        let mut guards: Vec<(&Arc<Page>, MutexGuard<'_, PageState>)> = Vec::new();
+        for p in pages {
+            match p.state.try_lock() {
+                Ok(g) if g.live && g.is_dirty() => guards.push((p, g)),
+                Ok(g) if g.live => clean.push(p),
+                Ok(_) => {}
+                Err(_) => busy.push(p),
+            }
+        }
+        let mut batch: Vec<(PageKey, &mut PageState)> =
+            guards.iter_mut().map(|(p, g)| (p.key, &mut **g)).collect();
         let written = batch.len();
         if let Err(e) = self.write_back(backing, &mut batch, false) {
             // Recorded by the backing; the page stays dirty for its eviction to retry.
             log::debug!("cleaning pages: {e}");
         }
         drop(batch);
-        let clean = guards
-            .iter()
-            .filter(|(_, g)| !g.is_dirty())
-            .map(|(p, _)| *p)
-            .collect();
+        clean.extend(
+            guards
+                .iter()
+                .filter(|(_, g)| !g.is_dirty())
+                .map(|(p, _)| *p),
+        );
+        drop(guards);
+        clean.sort_by_key(|p| p.key);
         (written, clean, busy)
     }
 }

@@ -931,3 +931,48 @@ fn a_page_in_use_when_its_write_behind_comes_is_written_at_the_next_round() {
     assert_eq!(*lock(&b.stored), vec![((1, 0), 0, BS)]);
     assert_eq!(c.dirty_pages(), 0);
 }
+
+/// A backing that, while it stores, looks whether another page is locked.
+#[derive(Default)]
+struct Probe {
+    inner: MemBacking,
+    watched: Mutex<Option<Arc<Page>>>,
+    /// Whether the watched page was free at each store.
+    free_at_store: Mutex<Vec<bool>>,
+}
+
+impl Backing for Probe {
+    fn load(&self, reads: &mut [(PageKey, usize, &mut [u8])]) -> Vec<Result<(), FsError>> {
+        self.inner.load(reads)
+    }
+
+    fn store(&self, writes: &[(PageKey, usize, &[u8])]) -> Vec<Result<(), FsError>> {
+        if let Some(p) = lock(&self.watched).as_ref() {
+            let free = p.state.try_lock().is_ok();
+            lock(&self.free_at_store).push(free);
+        }
+        self.inner.store(writes)
+    }
+
+    fn stores_in_part(&self, key: PageKey) -> bool {
+        self.inner.stores_in_part(key)
+    }
+
+    fn record_write_error(&self, key: PageKey, e: &FsError) {
+        self.inner.record_write_error(key, e)
+    }
+}
+
+#[test]
+fn the_cleaner_leaves_clean_pages_unlocked_while_it_writes_back() {
+    let b = Probe::default();
+    let c = PageCache::new((8 * BS) as u64, BS);
+    write_block(&c, &b, (1, 0), 1);
+    write_block(&c, &b, (1, 1), 2);
+    c.flush_all(&b).unwrap();
+    write_block(&c, &b, (1, 0), 3);
+    // Block 1 is clean: an eviction meanwhile must be able to take it.
+    *lock(&b.watched) = lock(&c.index).lru.peek(&(1, 1)).cloned();
+    assert_eq!(c.clean_cold(&b, 8), 1);
+    assert_eq!(*lock(&b.free_at_store), vec![true]);
+}
