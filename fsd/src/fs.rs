@@ -98,6 +98,25 @@ pub struct RmemFs {
     redundancy: std::sync::Mutex<Redundancy>,
 }
 
+/// How far from where the last write to a file ended a large write may start and
+/// still count as the same stream. With `--writeback-cache` the kernel sends a
+/// stream as runs of up to 1 MiB, several at a time, which fsd's request loops
+/// finish in any order: an exact match missed most of them, and their blocks
+/// waited to be evicted instead of being written behind.
+const STREAM_REORDER: u64 = 8 << 20;
+
+/// The smallest write [`STREAM_REORDER`] applies to: random small writes within a
+/// few MiB of each other (a small file's updates) are not a stream.
+const MIN_REORDERED_RUN: u64 = 256 << 10;
+
+/// Whether a write of `len` bytes at `offset`, after one that ended at `prev_end`,
+/// continues a stream.
+fn continues_stream(prev_end: u64, offset: u64, len: u64) -> bool {
+    offset > 0
+        && (prev_end == offset
+            || (len >= MIN_REORDERED_RUN && prev_end.abs_diff(offset) <= STREAM_REORDER))
+}
+
 /// The blocks from `first` to `last` that a sequential access ending at byte `end`
 /// (inside block `last`, of `bs` bytes) has finished with: all of them if it ends
 /// at the end of a block or of the file (`at_eof`), else all but the last.
@@ -561,7 +580,8 @@ impl RmemFs {
         // for that itself before writes through its page cache, not direct-I/O ones.
         m.xattrs.remove(OsStr::new(privs::FILE_CAPABILITIES));
         drop(m);
-        if inode.next_write.swap(end, Ordering::Relaxed) == offset && offset > 0 {
+        let prev_end = inode.next_write.swap(end, Ordering::Relaxed);
+        if continues_stream(prev_end, offset, end - offset) {
             // A stream: what it has finished goes to remote memory now, behind it
             // (see `PageCache::write_behind`).
             self.cache

@@ -539,6 +539,41 @@ fn a_stream_longer_than_the_cache_leaves_the_rest_of_the_cache_alone() {
 }
 
 #[test]
+fn a_stream_whose_runs_arrive_out_of_order_is_still_written_behind() {
+    // As the kernel's write-back sends them, finished by several request loops:
+    // 256 KiB runs, each within a few MiB of where the last one ended.
+    let r = rig(64 << 20, 1024 * BS, 1 << 20);
+    let ino = new_file(&r.fs, "w");
+    let run = 64 * BS as usize;
+    let data = pattern(6 * run, 5);
+    for n in [0, 2, 1, 4, 3, 5] {
+        r.fs.write(ino, (n * run) as u64, &data[n * run..(n + 1) * run])
+            .unwrap();
+    }
+    let written = r.fs.cache().clean_behind(&r.fs);
+    assert_eq!(written, 5 * 64, "every run but the first is written behind");
+    assert_eq!(r.fs.cache().dirty_pages(), 64);
+    assert_eq!(r.fs.read(ino, 0, data.len() as u32).unwrap(), data);
+}
+
+#[test]
+fn small_writes_near_each_other_but_not_in_a_row_are_not_a_stream() {
+    // A small file's random updates: whole pages, never where the last one ended.
+    let r = rig(16 << 20, 64 * BS, 1 << 20);
+    let ino = new_file(&r.fs, "w");
+    let page = pattern(BS as usize, 9);
+    for n in [3u64, 1, 6, 2, 5] {
+        r.fs.write(ino, n * BS, &page).unwrap();
+    }
+    assert_eq!(r.fs.cache().clean_behind(&r.fs), 0);
+    assert_eq!(
+        r.fs.cache().dirty_pages(),
+        5,
+        "left to the usual write-back"
+    );
+}
+
+#[test]
 fn a_sequential_writer_has_its_finished_blocks_written_behind_it() {
     let r = rig(16 << 20, 64 * BS, 1 << 20);
     let ino = new_file(&r.fs, "w");
