@@ -3,9 +3,12 @@
 
 use crate::fabric::{Endpoint, FabricError};
 use crate::protocol::{
-    Allocation, ErrorCode, NodeStats, ProtocolError, Request, Response, MAX_TOKEN_LEN,
+    valid_volume_name, Allocation, ErrorCode, NodeStats, ProtocolError, Request, Response,
+    MAX_TOKEN_LEN,
 };
 use thiserror::Error;
+
+pub use crate::protocol::{VolumeInfo, VolumeSummary};
 
 /// Why a control call failed.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -33,6 +36,25 @@ impl ControlError {
                 ..
             }
         )
+    }
+
+    /// True when the memnode refused because another live client holds the volume.
+    pub fn is_busy(&self) -> bool {
+        self.is_refused(ErrorCode::Busy)
+    }
+
+    /// True when this client's hold on its volume was taken over by another client.
+    pub fn is_fenced(&self) -> bool {
+        self.is_refused(ErrorCode::Fenced)
+    }
+
+    /// True when the memnode has no such volume (or allocation).
+    pub fn is_not_found(&self) -> bool {
+        self.is_refused(ErrorCode::NotFound)
+    }
+
+    fn is_refused(&self, want: ErrorCode) -> bool {
+        matches!(self, ControlError::Refused { code, .. } if *code == want)
     }
 }
 
@@ -110,3 +132,134 @@ pub fn stat(ep: &dyn Endpoint) -> Result<NodeStats, ControlError> {
         other => Err(unexpected("Stat", other)),
     }
 }
+
+/// The name as the protocol carries it, or the error a memnode would answer it with.
+fn volume_name(name: &str) -> Result<Vec<u8>, ControlError> {
+    if !valid_volume_name(name.as_bytes()) {
+        return Err(ControlError::Protocol(ProtocolError::BadField(
+            "volume name",
+        )));
+    }
+    Ok(name.as_bytes().to_vec())
+}
+
+/// Opens (holds) the volume `name`: creates it when `create` and it does not exist
+/// (missing and not `create`: `Refused NotFound`), takes it from a live holder when
+/// `takeover` (otherwise that is `Refused Busy`). From then on this client's `alloc`
+/// and `free` are the volume's.
+pub fn volume_open(
+    ep: &dyn Endpoint,
+    name: &str,
+    create: bool,
+    takeover: bool,
+) -> Result<VolumeInfo, ControlError> {
+    let req = Request::VolumeOpen {
+        name: volume_name(name)?,
+        create,
+        takeover,
+    };
+    match call(ep, &req)? {
+        Response::VolumeOpened(info) => Ok(info),
+        other => Err(unexpected("VolumeOpen", other)),
+    }
+}
+
+/// Every chunk of the held volume except the root, paging with VolumeChunks.
+pub fn volume_chunks(ep: &dyn Endpoint) -> Result<Vec<Allocation>, ControlError> {
+    let mut all = Vec::new();
+    let mut after = 0u64;
+    loop {
+        let (chunks, more) = match call(ep, &Request::VolumeChunks { after })? {
+            Response::ChunkList { chunks, more } => (chunks, more),
+            other => return Err(unexpected("VolumeChunks", other)),
+        };
+        // Pages come in address order, each after the last: anything else would
+        // loop or repeat, so it is refused.
+        let mut last = after;
+        for c in &chunks {
+            if c.addr <= last {
+                return Err(ControlError::Unexpected {
+                    request: "VolumeChunks",
+                    reply: format!("chunk {:#x} out of order after {last:#x}", c.addr),
+                });
+            }
+            last = c.addr;
+        }
+        all.extend(chunks);
+        if !more {
+            return Ok(all);
+        }
+        if last == after {
+            return Err(ControlError::Unexpected {
+                request: "VolumeChunks",
+                reply: "an empty page that says more follow".into(),
+            });
+        }
+        after = last;
+    }
+}
+
+/// Lets go of the held volume: its chunks stay on the memnode, unreachable until it
+/// is opened again, and this client's later allocations are scratch again.
+pub fn volume_close(ep: &dyn Endpoint) -> Result<(), ControlError> {
+    match call(ep, &Request::VolumeClose)? {
+        Response::VolumeClosed => Ok(()),
+        other => Err(unexpected("VolumeClose", other)),
+    }
+}
+
+/// Every volume, paging with VolumeList.
+pub fn volume_list(ep: &dyn Endpoint) -> Result<Vec<VolumeSummary>, ControlError> {
+    let mut all: Vec<VolumeSummary> = Vec::new();
+    // Empty sorts before every name: the first page starts at the beginning.
+    let mut after: Vec<u8> = Vec::new();
+    loop {
+        let req = Request::VolumeList {
+            after: after.clone(),
+        };
+        let (volumes, more) = match call(ep, &req)? {
+            Response::VolumeListing { volumes, more } => (volumes, more),
+            other => return Err(unexpected("VolumeList", other)),
+        };
+        // Pages come in name order, each after the last: anything else would loop
+        // or repeat, so it is refused.
+        let mut last = after.as_slice();
+        for v in &volumes {
+            if v.name.as_slice() <= last {
+                return Err(ControlError::Unexpected {
+                    request: "VolumeList",
+                    reply: format!("volume {:?} out of order", String::from_utf8_lossy(&v.name)),
+                });
+            }
+            last = &v.name;
+        }
+        let next = last.to_vec();
+        if more && volumes.is_empty() {
+            return Err(ControlError::Unexpected {
+                request: "VolumeList",
+                reply: "an empty page that says more follow".into(),
+            });
+        }
+        all.extend(volumes);
+        if !more {
+            return Ok(all);
+        }
+        after = next;
+    }
+}
+
+/// Frees every chunk of the volume `name` and forgets it; returns the bytes freed.
+/// Refused with Busy while another live client holds it.
+pub fn volume_destroy(ep: &dyn Endpoint, name: &str) -> Result<u64, ControlError> {
+    let req = Request::VolumeDestroy {
+        name: volume_name(name)?,
+    };
+    match call(ep, &req)? {
+        Response::VolumeDestroyed { bytes } => Ok(bytes),
+        other => Err(unexpected("VolumeDestroy", other)),
+    }
+}
+
+#[cfg(test)]
+#[path = "control_tests.rs"]
+mod tests;

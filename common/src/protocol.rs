@@ -23,6 +23,21 @@ pub const MAX_CONTROL_FRAME: usize = HEADER_LEN + MAX_CONTROL_BODY;
 pub const MAX_TOKEN_LEN: usize = 256;
 /// Longest error message a reply may carry.
 pub const MAX_ERROR_MESSAGE: usize = 512;
+/// Longest volume name (see [`valid_volume_name`]).
+pub const MAX_VOLUME_NAME: usize = 64;
+/// Most chunks one `ChunkList` reply carries (2 + 48 * 20 + 1 bytes of body).
+pub const MAX_CHUNKS_PER_REPLY: usize = 48;
+
+/// True for a volume name this protocol carries: 1..=[`MAX_VOLUME_NAME`] bytes of
+/// `[A-Za-z0-9._-]`, and not `.` or `..`. Anything else is refused at decode.
+pub fn valid_volume_name(name: &[u8]) -> bool {
+    (1..=MAX_VOLUME_NAME).contains(&name.len())
+        && name
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && name != b"."
+        && name != b".."
+}
 
 /// Errors found while decoding a control frame.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -56,6 +71,21 @@ pub enum Request {
     Free { addr: u64, rkey: u32 },
     /// Report capacity and usage.
     Stat,
+    /// Open (hold) the volume `name`, creating it when `create` and it does not exist;
+    /// `takeover` takes it from a live holder (which is fenced).
+    VolumeOpen {
+        name: Vec<u8>,
+        create: bool,
+        takeover: bool,
+    },
+    /// The chunks of the caller's held volume with `addr > after` (root excluded).
+    VolumeChunks { after: u64 },
+    /// Let go of the held volume: its chunks stay, unreachable until the next open.
+    VolumeClose,
+    /// Volumes whose name sorts after `after` (empty: from the start).
+    VolumeList { after: Vec<u8> },
+    /// Free every chunk of the volume `name` and forget it.
+    VolumeDestroy { name: Vec<u8> },
 }
 
 /// Replies a memnode sends back (the client RECVs them).
@@ -69,6 +99,21 @@ pub enum Response {
     Freed,
     /// Usage figures.
     Stats(NodeStats),
+    /// The volume is now held by the caller.
+    VolumeOpened(VolumeInfo),
+    /// A page of the held volume's chunks, in address order; `more` when later ones
+    /// exist (ask again with `after` = the last address).
+    ChunkList { chunks: Vec<Allocation>, more: bool },
+    /// The volume is no longer held by the caller.
+    VolumeClosed,
+    /// A page of volumes in name order; `more` when later ones exist (ask again with
+    /// `after` = the last name).
+    VolumeListing {
+        volumes: Vec<VolumeSummary>,
+        more: bool,
+    },
+    /// The volume is gone; `bytes` were freed.
+    VolumeDestroyed { bytes: u64 },
     /// The request failed.
     Error { code: ErrorCode, message: String },
 }
@@ -90,6 +135,53 @@ pub struct NodeStats {
     pub allocations: u32,
 }
 
+/// What `VolumeOpen` returns: the volume, its root chunk (with an rkey valid for the
+/// caller) and its size, root included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VolumeInfo {
+    pub volume_id: u64,
+    /// True when this open created the volume (its root chunk is all zeroes).
+    pub created: bool,
+    pub root: Allocation,
+    /// Chunks of the volume, root included.
+    pub chunks: u32,
+    /// Bytes of the volume, root included.
+    pub bytes: u64,
+}
+
+/// One volume as `VolumeList` describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeSummary {
+    pub name: Vec<u8>,
+    pub volume_id: u64,
+    pub bytes: u64,
+    pub chunks: u32,
+    /// The client holding it, 0 when none does.
+    pub holder: u64,
+}
+
+impl VolumeSummary {
+    /// Bytes this summary takes in a `VolumeListing` body.
+    pub fn wire_len(&self) -> usize {
+        2 + self.name.len().min(MAX_VOLUME_NAME + 1) + 8 + 8 + 4 + 8
+    }
+}
+
+/// How many of `volumes`, from the first, fit in one `VolumeListing` reply.
+pub fn listing_fits(volumes: &[VolumeSummary]) -> usize {
+    // The body: a u16 count, the summaries, a u8 `more` flag.
+    let mut room = MAX_CONTROL_BODY - 3;
+    let mut n = 0;
+    for v in volumes.iter().take(u16::MAX as usize) {
+        match room.checked_sub(v.wire_len()) {
+            Some(r) => room = r,
+            None => break,
+        }
+        n += 1;
+    }
+    n
+}
+
 /// Why a request failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorCode {
@@ -105,6 +197,10 @@ pub enum ErrorCode {
     VersionMismatch,
     /// A request other than Hello arrived before Hello.
     NotAuthenticated,
+    /// The volume is held by another live client (the message names it).
+    Busy,
+    /// This client's hold on its volume was taken over by another client.
+    Fenced,
     /// A code this build does not know (a newer peer).
     Unknown(u16),
 }
@@ -118,6 +214,8 @@ impl ErrorCode {
             ErrorCode::AuthFailed => 4,
             ErrorCode::VersionMismatch => 5,
             ErrorCode::NotAuthenticated => 6,
+            ErrorCode::Busy => 7,
+            ErrorCode::Fenced => 8,
             ErrorCode::Unknown(c) => c,
         }
     }
@@ -130,6 +228,8 @@ impl ErrorCode {
             4 => ErrorCode::AuthFailed,
             5 => ErrorCode::VersionMismatch,
             6 => ErrorCode::NotAuthenticated,
+            7 => ErrorCode::Busy,
+            8 => ErrorCode::Fenced,
             c => ErrorCode::Unknown(c),
         }
     }
@@ -140,10 +240,24 @@ const K_HELLO: u16 = 0x0001;
 const K_ALLOC: u16 = 0x0002;
 const K_FREE: u16 = 0x0003;
 const K_STAT: u16 = 0x0004;
+const K_VOLUME_OPEN: u16 = 0x0005;
+const K_VOLUME_CHUNKS: u16 = 0x0006;
+const K_VOLUME_CLOSE: u16 = 0x0007;
+const K_VOLUME_LIST: u16 = 0x0008;
+const K_VOLUME_DESTROY: u16 = 0x0009;
 const K_WELCOME: u16 = 0x8001;
 const K_ALLOCATED: u16 = 0x8002;
 const K_FREED: u16 = 0x8003;
 const K_STATS: u16 = 0x8004;
+const K_VOLUME_OPENED: u16 = 0x8005;
+const K_CHUNK_LIST: u16 = 0x8006;
+const K_VOLUME_CLOSED: u16 = 0x8007;
+const K_VOLUME_LISTING: u16 = 0x8008;
+const K_VOLUME_DESTROYED: u16 = 0x8009;
+
+// VolumeOpen's flag bits; any other bit set is a bad field.
+const OPEN_CREATE: u8 = 0x01;
+const OPEN_TAKEOVER: u8 = 0x02;
 const K_ERROR: u16 = 0x80ff;
 
 /// Checks a frame header and returns `(kind, body)`, refusing a wrong version or a body
@@ -211,6 +325,19 @@ impl<'a> Reader<'a> {
         }
     }
 
+    fn u8(&mut self) -> Result<u8, ProtocolError> {
+        Ok(self.take(1)?[0])
+    }
+
+    /// A byte that must be 0 or 1.
+    fn flag(&mut self, field: &'static str) -> Result<bool, ProtocolError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(ProtocolError::BadField(field)),
+        }
+    }
+
     fn u16(&mut self) -> Result<u16, ProtocolError> {
         let b = self.take(2)?;
         Ok(u16::from_le_bytes([b[0], b[1]]))
@@ -237,6 +364,23 @@ impl<'a> Reader<'a> {
         self.take(n)
     }
 
+    /// A length-prefixed volume name that [`valid_volume_name`] accepts.
+    fn volume_name(&mut self) -> Result<Vec<u8>, ProtocolError> {
+        let name = self.bytes(MAX_VOLUME_NAME, "volume name")?;
+        if !valid_volume_name(name) {
+            return Err(ProtocolError::BadField("volume name"));
+        }
+        Ok(name.to_vec())
+    }
+
+    fn allocation(&mut self) -> Result<Allocation, ProtocolError> {
+        Ok(Allocation {
+            addr: self.u64()?,
+            len: self.u64()?,
+            rkey: self.u32()?,
+        })
+    }
+
     /// The whole body must be consumed: trailing bytes are an error.
     fn finish(self, kind: u16) -> Result<(), ProtocolError> {
         if self.pos != self.buf.len() {
@@ -253,6 +397,19 @@ impl<'a> Reader<'a> {
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(&(b.len() as u16).to_le_bytes());
     out.extend_from_slice(b);
+}
+
+/// A volume name as sent. A name longer than the limit is cut to one byte over it,
+/// so the frame stays small and the peer still refuses it: cutting it to the limit
+/// could turn it into another, valid, name.
+fn put_name(out: &mut Vec<u8>, name: &[u8]) {
+    put_bytes(out, &name[..name.len().min(MAX_VOLUME_NAME + 1)]);
+}
+
+fn put_allocation(out: &mut Vec<u8>, a: &Allocation) {
+    out.extend_from_slice(&a.addr.to_le_bytes());
+    out.extend_from_slice(&a.len.to_le_bytes());
+    out.extend_from_slice(&a.rkey.to_le_bytes());
 }
 
 impl Request {
@@ -275,6 +432,35 @@ impl Request {
                 K_FREE
             }
             Request::Stat => K_STAT,
+            Request::VolumeOpen {
+                name,
+                create,
+                takeover,
+            } => {
+                put_name(&mut body, name);
+                let mut flags = 0u8;
+                if *create {
+                    flags |= OPEN_CREATE;
+                }
+                if *takeover {
+                    flags |= OPEN_TAKEOVER;
+                }
+                body.push(flags);
+                K_VOLUME_OPEN
+            }
+            Request::VolumeChunks { after } => {
+                body.extend_from_slice(&after.to_le_bytes());
+                K_VOLUME_CHUNKS
+            }
+            Request::VolumeClose => K_VOLUME_CLOSE,
+            Request::VolumeList { after } => {
+                put_name(&mut body, after);
+                K_VOLUME_LIST
+            }
+            Request::VolumeDestroy { name } => {
+                put_name(&mut body, name);
+                K_VOLUME_DESTROY
+            }
         };
         frame(kind, &body)
     }
@@ -294,6 +480,33 @@ impl Request {
                 rkey: r.u32()?,
             },
             K_STAT => Request::Stat,
+            K_VOLUME_OPEN => {
+                let name = r.volume_name()?;
+                let flags = r.u8()?;
+                if flags & !(OPEN_CREATE | OPEN_TAKEOVER) != 0 {
+                    return Err(ProtocolError::BadField("volume open flags"));
+                }
+                Request::VolumeOpen {
+                    name,
+                    create: flags & OPEN_CREATE != 0,
+                    takeover: flags & OPEN_TAKEOVER != 0,
+                }
+            }
+            K_VOLUME_CHUNKS => Request::VolumeChunks { after: r.u64()? },
+            K_VOLUME_CLOSE => Request::VolumeClose,
+            K_VOLUME_LIST => {
+                // Empty (from the start) or a volume name.
+                let after = r.bytes(MAX_VOLUME_NAME, "volume name")?;
+                if !after.is_empty() && !valid_volume_name(after) {
+                    return Err(ProtocolError::BadField("volume name"));
+                }
+                Request::VolumeList {
+                    after: after.to_vec(),
+                }
+            }
+            K_VOLUME_DESTROY => Request::VolumeDestroy {
+                name: r.volume_name()?,
+            },
             other => return Err(ProtocolError::UnknownKind(other)),
         };
         r.finish(kind)?;
@@ -320,9 +533,7 @@ impl Response {
                 K_WELCOME
             }
             Response::Allocated(a) => {
-                body.extend_from_slice(&a.addr.to_le_bytes());
-                body.extend_from_slice(&a.len.to_le_bytes());
-                body.extend_from_slice(&a.rkey.to_le_bytes());
+                put_allocation(&mut body, a);
                 K_ALLOCATED
             }
             Response::Freed => K_FREED,
@@ -332,6 +543,44 @@ impl Response {
                 body.extend_from_slice(&s.clients.to_le_bytes());
                 body.extend_from_slice(&s.allocations.to_le_bytes());
                 K_STATS
+            }
+            Response::VolumeOpened(v) => {
+                body.extend_from_slice(&v.volume_id.to_le_bytes());
+                body.push(v.created as u8);
+                put_allocation(&mut body, &v.root);
+                body.extend_from_slice(&v.chunks.to_le_bytes());
+                body.extend_from_slice(&v.bytes.to_le_bytes());
+                K_VOLUME_OPENED
+            }
+            Response::ChunkList { chunks, more } => {
+                // More than a reply carries: send the first ones and say there are
+                // more, so a client paging by the last address still sees them all.
+                let n = chunks.len().min(MAX_CHUNKS_PER_REPLY);
+                body.extend_from_slice(&(n as u16).to_le_bytes());
+                for a in &chunks[..n] {
+                    put_allocation(&mut body, a);
+                }
+                body.push((*more || n < chunks.len()) as u8);
+                K_CHUNK_LIST
+            }
+            Response::VolumeClosed => K_VOLUME_CLOSED,
+            Response::VolumeListing { volumes, more } => {
+                // As for ChunkList: what does not fit is left for the next page.
+                let n = listing_fits(volumes);
+                body.extend_from_slice(&(n as u16).to_le_bytes());
+                for v in &volumes[..n] {
+                    put_name(&mut body, &v.name);
+                    body.extend_from_slice(&v.volume_id.to_le_bytes());
+                    body.extend_from_slice(&v.bytes.to_le_bytes());
+                    body.extend_from_slice(&v.chunks.to_le_bytes());
+                    body.extend_from_slice(&v.holder.to_le_bytes());
+                }
+                body.push((*more || n < volumes.len()) as u8);
+                K_VOLUME_LISTING
+            }
+            Response::VolumeDestroyed { bytes } => {
+                body.extend_from_slice(&bytes.to_le_bytes());
+                K_VOLUME_DESTROYED
             }
             Response::Error { code, message } => {
                 body.extend_from_slice(&code.to_wire().to_le_bytes());
@@ -355,11 +604,7 @@ impl Response {
                 node_id: r.u64()?,
                 capacity: r.u64()?,
             },
-            K_ALLOCATED => Response::Allocated(Allocation {
-                addr: r.u64()?,
-                len: r.u64()?,
-                rkey: r.u32()?,
-            }),
+            K_ALLOCATED => Response::Allocated(r.allocation()?),
             K_FREED => Response::Freed,
             K_STATS => Response::Stats(NodeStats {
                 capacity: r.u64()?,
@@ -367,6 +612,48 @@ impl Response {
                 clients: r.u32()?,
                 allocations: r.u32()?,
             }),
+            K_VOLUME_OPENED => Response::VolumeOpened(VolumeInfo {
+                volume_id: r.u64()?,
+                created: r.flag("created")?,
+                root: r.allocation()?,
+                chunks: r.u32()?,
+                bytes: r.u64()?,
+            }),
+            K_CHUNK_LIST => {
+                let n = r.u16()? as usize;
+                if n > MAX_CHUNKS_PER_REPLY {
+                    return Err(ProtocolError::BadField("chunk count"));
+                }
+                let mut chunks = Vec::with_capacity(n);
+                for _ in 0..n {
+                    chunks.push(r.allocation()?);
+                }
+                Response::ChunkList {
+                    chunks,
+                    more: r.flag("more")?,
+                }
+            }
+            K_VOLUME_CLOSED => Response::VolumeClosed,
+            K_VOLUME_LISTING => {
+                // No capacity from the count: each entry is read (and bounded by the
+                // body) before it is kept.
+                let n = r.u16()? as usize;
+                let mut volumes = Vec::new();
+                for _ in 0..n {
+                    volumes.push(VolumeSummary {
+                        name: r.volume_name()?,
+                        volume_id: r.u64()?,
+                        bytes: r.u64()?,
+                        chunks: r.u32()?,
+                        holder: r.u64()?,
+                    });
+                }
+                Response::VolumeListing {
+                    volumes,
+                    more: r.flag("more")?,
+                }
+            }
+            K_VOLUME_DESTROYED => Response::VolumeDestroyed { bytes: r.u64()? },
             K_ERROR => Response::Error {
                 code: ErrorCode::from_wire(r.u16()?),
                 message: String::from_utf8_lossy(r.bytes(MAX_ERROR_MESSAGE, "message")?)
@@ -380,155 +667,5 @@ impl Response {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn all_requests() -> Vec<Request> {
-        vec![
-            Request::Hello {
-                client_id: 0xdead_beef_0123_4567,
-                token: b"secret".to_vec(),
-            },
-            Request::Hello {
-                client_id: 0,
-                token: vec![],
-            },
-            Request::Alloc { bytes: 64 << 20 },
-            Request::Free {
-                addr: 1 << 40,
-                rkey: 0xabcd_ef01,
-            },
-            Request::Stat,
-        ]
-    }
-
-    fn all_responses() -> Vec<Response> {
-        vec![
-            Response::Welcome {
-                node_id: 7,
-                capacity: 4 << 30,
-            },
-            Response::Allocated(Allocation {
-                addr: 4096,
-                len: 1 << 26,
-                rkey: 99,
-            }),
-            Response::Freed,
-            Response::Stats(NodeStats {
-                capacity: 1 << 30,
-                used: 1 << 20,
-                clients: 3,
-                allocations: 9,
-            }),
-            Response::error(ErrorCode::NoSpace, "out of memory"),
-            Response::error(ErrorCode::Unknown(0x4242), ""),
-        ]
-    }
-
-    #[test]
-    fn every_request_round_trips() {
-        for req in all_requests() {
-            assert_eq!(Request::decode(&req.encode()), Ok(req));
-        }
-    }
-
-    #[test]
-    fn every_response_round_trips() {
-        for resp in all_responses() {
-            assert_eq!(Response::decode(&resp.encode()), Ok(resp));
-        }
-    }
-
-    #[test]
-    fn every_truncation_of_a_valid_frame_is_an_error() {
-        for req in all_requests() {
-            let f = req.encode();
-            for cut in 0..f.len() {
-                assert!(Request::decode(&f[..cut]).is_err(), "{req:?} cut at {cut}");
-            }
-        }
-        for resp in all_responses() {
-            let f = resp.encode();
-            for cut in 0..f.len() {
-                assert!(
-                    Response::decode(&f[..cut]).is_err(),
-                    "{resp:?} cut at {cut}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn trailing_bytes_are_rejected() {
-        let mut f = Request::Alloc { bytes: 1 }.encode();
-        f.push(0);
-        f[4] += 1; // body length now covers the extra byte
-        assert!(matches!(
-            Request::decode(&f),
-            Err(ProtocolError::BodyLength { .. })
-        ));
-    }
-
-    #[test]
-    fn oversized_body_length_is_rejected_before_reading_the_body() {
-        let mut f = Request::Stat.encode();
-        f[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert_eq!(
-            Request::decode(&f),
-            Err(ProtocolError::TooLong(u32::MAX as usize))
-        );
-    }
-
-    #[test]
-    fn wrong_version_is_rejected() {
-        let mut f = Request::Stat.encode();
-        f[0..2].copy_from_slice(&2u16.to_le_bytes());
-        assert_eq!(Request::decode(&f), Err(ProtocolError::Version { got: 2 }));
-    }
-
-    #[test]
-    fn unknown_kind_is_rejected() {
-        let mut f = Request::Stat.encode();
-        f[2..4].copy_from_slice(&0x7777u16.to_le_bytes());
-        assert_eq!(Request::decode(&f), Err(ProtocolError::UnknownKind(0x7777)));
-        // A response kind is not a request.
-        assert!(Request::decode(&Response::Freed.encode()).is_err());
-    }
-
-    #[test]
-    fn token_longer_than_the_limit_is_rejected() {
-        let mut body = Vec::new();
-        body.extend_from_slice(&1u64.to_le_bytes());
-        body.extend_from_slice(&((MAX_TOKEN_LEN + 1) as u16).to_le_bytes());
-        body.extend(std::iter::repeat_n(b'x', MAX_TOKEN_LEN + 1));
-        assert_eq!(
-            Request::decode(&frame(K_HELLO, &body)),
-            Err(ProtocolError::BadField("token"))
-        );
-    }
-
-    proptest! {
-        #[test]
-        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
-            let _ = Request::decode(&bytes);
-            let _ = Response::decode(&bytes);
-        }
-
-        #[test]
-        fn garbage_after_a_valid_header_never_panics(
-            kind in any::<u16>(),
-            body in proptest::collection::vec(any::<u8>(), 0..64),
-        ) {
-            let f = frame(kind, &body);
-            let _ = Request::decode(&f);
-            let _ = Response::decode(&f);
-        }
-
-        #[test]
-        fn hello_round_trips(client_id in any::<u64>(), token in proptest::collection::vec(any::<u8>(), 0..MAX_TOKEN_LEN)) {
-            let req = Request::Hello { client_id, token };
-            prop_assert_eq!(Request::decode(&req.encode()), Ok(req));
-        }
-    }
-}
+#[path = "protocol_tests.rs"]
+mod tests;

@@ -225,6 +225,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             huge_pages: false,
             transport,
             poll,
+            lease: memnode::DEFAULT_LEASE,
         })
         .context("starting the embedded memnode")?;
         log::info!(

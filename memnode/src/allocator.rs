@@ -21,10 +21,19 @@
 use std::collections::BTreeMap;
 use thiserror::Error;
 
+/// Who a booking belongs to: a client (scratch memory, reclaimed when the client
+/// goes) or a volume (kept until the volume is destroyed). The two never match each
+/// other, whatever their numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Owner {
+    Client(u64),
+    Volume(u64),
+}
+
 /// One booked range of the region: `[addr, addr + len)`, held by `owner`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Booking {
-    pub owner: u64,
+    pub owner: Owner,
     pub addr: u64,
     pub len: u64,
 }
@@ -102,14 +111,13 @@ impl ChunkAllocator {
     }
 
     /// The booking starting at `addr`.
-    #[cfg(test)]
     pub fn get(&self, addr: u64) -> Option<&Booking> {
         self.booked.get(&addr)
     }
 
     /// Books at least `bytes` (rounded up to the granularity) for `owner`: the lowest
     /// free range that fits.
-    pub fn alloc(&mut self, owner: u64, bytes: u64) -> Result<Booking, AllocError> {
+    pub fn alloc(&mut self, owner: Owner, bytes: u64) -> Result<Booking, AllocError> {
         if bytes == 0 {
             return Err(AllocError::ZeroSize);
         }
@@ -143,7 +151,7 @@ impl ChunkAllocator {
 
     /// Frees `owner`'s booking starting at `addr`. Anything else (no booking there,
     /// another owner's) is `NotFound` and changes nothing.
-    pub fn free(&mut self, owner: u64, addr: u64) -> Result<Booking, AllocError> {
+    pub fn free(&mut self, owner: Owner, addr: u64) -> Result<Booking, AllocError> {
         let booking = match self.booked.get(&addr) {
             Some(b) if b.owner == owner => *b,
             _ => return Err(AllocError::NotFound { addr }),

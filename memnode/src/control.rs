@@ -5,33 +5,65 @@
 //! with a constant-time compare when one is configured) names a client id; anything
 //! else before that, a bad token, a frame in another protocol version or a frame that
 //! does not decode is answered with an error and the connection is closed. After
-//! Hello the connection may Alloc, Free and Stat; errors there are replies only.
+//! Hello the connection may Alloc, Free, Stat and use volumes; errors there are
+//! replies only. Every request of an authenticated connection counts as hearing from
+//! its client (the lease of a volume holder, see `volumes.rs`).
 //!
-//! Ownership: chunks belong to a client id, not a connection, so one client (fsd) may
-//! spread its traffic over several connections. The service counts live connections
-//! per client id; when the last one closes, all of that client's chunks are revoked,
-//! zeroed and freed.
+//! Scratch memory: chunks of a client that holds no volume belong to its client id,
+//! not a connection, so one client (fsd) may spread its traffic over several
+//! connections. The service counts live connections per client id; when the last one
+//! closes, all of that client's scratch chunks are revoked, zeroed and freed.
 //!
-//! Lock order: `clients`, then the pool's chunk table and the registry (inside
-//! `ChunkPool::revoke_all_of`). Hello and the last-connection revocation both run
-//! under `clients`, so a client reconnecting while it is being reclaimed never loses
-//! a chunk it allocates anew.
+//! Volumes: a client that opens a volume becomes its holder and is bound to it: its
+//! Alloc books chunks to the volume and its Free frees volume chunks. The volume's
+//! chunks are registered for the holder only, and deregistered (never freed) when
+//! it closes the volume, its last connection closes, or another client takes the
+//! volume over (fencing it). Only VolumeDestroy frees them. The bookkeeping and its
+//! rules are in `volumes.rs`; this module applies them to the pool.
+//!
+//! Lock order: `clients`, then `volumes`, then `heard`; the pool's locks and the
+//! registry (inside pool calls) come after any of them. `heard` is a leaf: nothing
+//! is called while it is held. Hello and the last-connection reclaim both run under
+//! `clients`, so a client reconnecting while it is being reclaimed never loses a
+//! chunk it allocates anew. Every volume change (and a bound client's Alloc and Free)
+//! runs under `volumes`, so the volume table and the pool's registrations of volume
+//! chunks change together. A scratch Alloc runs outside `volumes` and checks again
+//! under it afterwards, so a chunk that raced a VolumeOpen of the same client is
+//! taken back rather than left beside the volume.
 
-use crate::allocator::AllocError;
+use crate::allocator::{AllocError, Owner};
 use crate::pool::{ChunkPool, PoolError};
+use crate::volumes::{Holder, OpenPlan, TakeoverReason, VolumeError, VolumeTable};
 use rmemfs_common::fabric::{ConnectionState, ControlHandler, ControlReply};
-use rmemfs_common::protocol::{ErrorCode, NodeStats, ProtocolError, Request, Response};
+use rmemfs_common::protocol::{
+    listing_fits, ErrorCode, NodeStats, ProtocolError, Request, Response, VolumeSummary,
+    MAX_CHUNKS_PER_REPLY, MAX_CONTROL_BODY,
+};
 use rmemfs_common::size::format_size;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 pub struct ControlService {
     pool: Arc<ChunkPool>,
     token: Option<Vec<u8>>,
     node_id: u64,
+    /// How long a volume holder stays live without being heard from.
+    lease: Duration,
     /// Live authenticated connections per client id (entries are never zero).
     clients: Mutex<HashMap<u64, usize>>,
+    volumes: Mutex<VolumeTable>,
+    /// When each connected client last sent a request.
+    heard: Mutex<HashMap<u64, Instant>>,
 }
+
+/// A volume name for logs.
+fn show(name: &[u8]) -> String {
+    format!("{:?}", String::from_utf8_lossy(name))
+}
+
+// The smallest summary in a VolumeListing body: a one-byte name.
+const MIN_SUMMARY: usize = 2 + 1 + 8 + 8 + 4 + 8;
 
 fn reply(resp: Response) -> ControlReply {
     ControlReply {
@@ -59,19 +91,48 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 impl ControlService {
-    /// `token`: required in every Hello when set.
-    pub fn new(pool: Arc<ChunkPool>, token: Option<Vec<u8>>, node_id: u64) -> ControlService {
+    /// `token`: required in every Hello when set. `lease`: how long a volume holder
+    /// that sends nothing keeps its volume against other clients.
+    pub fn new(
+        pool: Arc<ChunkPool>,
+        token: Option<Vec<u8>>,
+        node_id: u64,
+        lease: Duration,
+    ) -> ControlService {
         ControlService {
             pool,
             token,
             node_id,
+            lease,
             clients: Mutex::new(HashMap::new()),
+            volumes: Mutex::new(VolumeTable::new()),
+            heard: Mutex::new(HashMap::new()),
         }
     }
 
     // Counts are updated in single statements, so poisoning is ignored.
     fn clients(&self) -> MutexGuard<'_, HashMap<u64, usize>> {
         self.clients.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    // The table's methods leave it consistent at every return, and the pool calls
+    // made under this lock do not panic on client input; poisoning is ignored.
+    fn volumes(&self) -> MutexGuard<'_, VolumeTable> {
+        self.volumes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn heard(&self) -> MutexGuard<'_, HashMap<u64, Instant>> {
+        self.heard.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How long ago `client` last sent a request; `None` when it is not connected.
+    fn last_heard(&self, client: u64) -> Option<Duration> {
+        self.heard().get(&client).map(Instant::elapsed)
+    }
+
+    /// Every volume, in name order.
+    pub fn volumes_summary(&self) -> Vec<VolumeSummary> {
+        self.volumes().summaries()
     }
 
     pub fn node_id(&self) -> u64 {
@@ -100,7 +161,11 @@ impl ControlService {
                 return refuse_and_close(ErrorCode::AuthFailed, "wrong token".into());
             }
         }
-        *self.clients().entry(client_id).or_insert(0) += 1;
+        {
+            let mut clients = self.clients();
+            *clients.entry(client_id).or_insert(0) += 1;
+            self.heard().insert(client_id, Instant::now());
+        }
         conn.client = Some(client_id);
         log::info!(
             "client {client_id:#x} connected from {} (conn {})",
@@ -113,41 +178,368 @@ impl ControlService {
         })
     }
 
-    /// A request from an authenticated connection of `client`.
-    fn serve(&self, client: u64, req: Request) -> Response {
+    /// A request from an authenticated connection of `client` from `peer`.
+    fn serve(&self, client: u64, peer: &str, req: Request) -> Response {
         match req {
             Request::Hello { .. } => {
                 Response::error(ErrorCode::BadRequest, "this connection already said hello")
             }
-            Request::Alloc { bytes } => match self.pool.alloc(client, bytes) {
-                Ok(c) => {
-                    log::debug!(
-                        "client {client:#x}: alloc {bytes} -> {:#x}+{:#x} rkey {:#x}",
-                        c.addr,
-                        c.len,
-                        c.rkey
-                    );
-                    Response::Allocated(c.to_wire())
-                }
-                Err(e) => {
-                    if let PoolError::Register { .. } = e {
-                        log::error!("client {client:#x}: alloc {bytes} failed: {e}");
-                    } else {
-                        log::debug!("client {client:#x}: alloc {bytes} refused: {e}");
-                    }
-                    Response::error(pool_error_code(&e), e.to_string())
-                }
-            },
-            Request::Free { addr, rkey } => match self.pool.free(client, addr, rkey) {
-                Ok(c) => {
-                    log::debug!("client {client:#x}: freed {:#x}+{:#x}", c.addr, c.len);
-                    Response::Freed
-                }
-                Err(e) => Response::error(pool_error_code(&e), e.to_string()),
-            },
+            Request::Alloc { bytes } => self.alloc(client, bytes),
+            Request::Free { addr, rkey } => self.free(client, addr, rkey),
             Request::Stat => Response::Stats(self.stats()),
+            Request::VolumeOpen {
+                name,
+                create,
+                takeover,
+            } => self.volume_open(client, peer, &name, create, takeover),
+            Request::VolumeChunks { after } => {
+                let vols = self.volumes();
+                match vols.bound(client) {
+                    Ok(v) => {
+                        let (chunks, more) = v.chunks_after(after, MAX_CHUNKS_PER_REPLY);
+                        Response::ChunkList { chunks, more }
+                    }
+                    Err(e) => volume_error(&e),
+                }
+            }
+            Request::VolumeClose => self.volume_close(client),
+            Request::VolumeList { after } => {
+                let vols = self.volumes();
+                // Enough candidates that the page is always cut by the frame, not
+                // by the count: `more` is then exact.
+                let candidates: Vec<VolumeSummary> = vols
+                    .after(&after)
+                    .take(MAX_CONTROL_BODY / MIN_SUMMARY + 1)
+                    .map(|v| v.summary())
+                    .collect();
+                let n = listing_fits(&candidates);
+                let more = n < candidates.len();
+                let mut volumes = candidates;
+                volumes.truncate(n);
+                Response::VolumeListing { volumes, more }
+            }
+            Request::VolumeDestroy { name } => self.volume_destroy(client, &name),
         }
     }
+
+    fn alloc(&self, client: u64, bytes: u64) -> Response {
+        {
+            let mut vols = self.volumes();
+            match vols.bound(client) {
+                Ok(v) => {
+                    let id = v.id();
+                    return match self.pool.alloc_for(Owner::Volume(id), client, bytes) {
+                        Ok(c) => {
+                            vols.add_chunk(client, c.to_wire());
+                            log::debug!(
+                                "client {client:#x}: volume {id} alloc {bytes} -> {:#x}+{:#x} rkey {:#x}",
+                                c.addr,
+                                c.len,
+                                c.rkey
+                            );
+                            Response::Allocated(c.to_wire())
+                        }
+                        Err(e) => alloc_error(client, bytes, e),
+                    };
+                }
+                Err(VolumeError::NotHeld) => {}
+                Err(e) => return volume_error(&e),
+            }
+        }
+        let c = match self.pool.alloc(client, bytes) {
+            Ok(c) => c,
+            Err(e) => return alloc_error(client, bytes, e),
+        };
+        // Another connection of this client may have opened a volume meanwhile; the
+        // chunk is filed already, so that open either saw it (and was refused) or
+        // bound the client before this check.
+        let vols = self.volumes();
+        if vols.held_by(client).is_some() || vols.is_fenced(client) {
+            if let Err(e) = self.pool.free(client, c.addr, c.rkey) {
+                log::error!("client {client:#x}: cannot take back chunk {c:?}: {e}");
+            }
+            return Response::error(
+                ErrorCode::BadRequest,
+                "a volume was opened by this client while the allocation ran; allocate again",
+            );
+        }
+        log::debug!(
+            "client {client:#x}: alloc {bytes} -> {:#x}+{:#x} rkey {:#x}",
+            c.addr,
+            c.len,
+            c.rkey
+        );
+        Response::Allocated(c.to_wire())
+    }
+
+    fn free(&self, client: u64, addr: u64, rkey: u32) -> Response {
+        {
+            let mut vols = self.volumes();
+            match vols.bound(client) {
+                Ok(_) => {
+                    let id = match vols.check_free(client, addr) {
+                        Ok(id) => id,
+                        Err(e) => return volume_error(&e),
+                    };
+                    return match self.pool.free_as(Owner::Volume(id), client, addr, rkey) {
+                        Ok(c) => {
+                            vols.remove_chunk(client, addr);
+                            log::debug!(
+                                "client {client:#x}: volume {id} freed {:#x}+{:#x}",
+                                c.addr,
+                                c.len
+                            );
+                            Response::Freed
+                        }
+                        Err(e) => Response::error(pool_error_code(&e), e.to_string()),
+                    };
+                }
+                Err(VolumeError::NotHeld) => {}
+                Err(e) => return volume_error(&e),
+            }
+        }
+        match self.pool.free(client, addr, rkey) {
+            Ok(c) => {
+                log::debug!("client {client:#x}: freed {:#x}+{:#x}", c.addr, c.len);
+                Response::Freed
+            }
+            Err(e) => Response::error(pool_error_code(&e), e.to_string()),
+        }
+    }
+
+    fn volume_open(
+        &self,
+        client: u64,
+        peer: &str,
+        name: &[u8],
+        create: bool,
+        takeover: bool,
+    ) -> Response {
+        let mut vols = self.volumes();
+        let plan = vols.plan_open(client, name, create, takeover, self.lease, |c| {
+            self.last_heard(c)
+        });
+        let plan = match plan {
+            Ok(OpenPlan::AlreadyHeld) => {
+                return match vols.held_by(client).and_then(|v| v.info(false)) {
+                    Some(info) => Response::VolumeOpened(info),
+                    None => internal("the held volume has no registered root"),
+                };
+            }
+            Ok(plan) => plan,
+            Err(e) => {
+                log::info!(
+                    "client {client:#x}: open of volume {} refused: {e}",
+                    show(name)
+                );
+                return volume_error(&e);
+            }
+        };
+        if self.pool.has_scratch(client) {
+            return Response::error(
+                ErrorCode::BadRequest,
+                "this client has scratch chunks; a client opens its volume before it allocates",
+            );
+        }
+        let holder = Holder {
+            client,
+            peer: peer.to_string(),
+            since: Instant::now(),
+        };
+        match plan {
+            OpenPlan::AlreadyHeld => internal("unreachable open plan"),
+            OpenPlan::Create { id } => {
+                let root = match self
+                    .pool
+                    .alloc_for(Owner::Volume(id), client, self.pool.page())
+                {
+                    Ok(c) => c,
+                    Err(e) => return alloc_error(client, self.pool.page(), e),
+                };
+                match vols
+                    .create(id, name, root.to_wire(), holder)
+                    .and_then(|v| v.info(true))
+                {
+                    Some(info) => {
+                        log::info!(
+                            "client {client:#x} from {peer} created volume {} (id {id})",
+                            show(name)
+                        );
+                        Response::VolumeOpened(info)
+                    }
+                    None => {
+                        let _ = self
+                            .pool
+                            .free_as(Owner::Volume(id), client, root.addr, root.rkey);
+                        internal("the volume table refused a planned create")
+                    }
+                }
+            }
+            OpenPlan::Hold { id, fence } => {
+                if let Some((old, why)) = fence {
+                    self.fence(&mut vols, name, &old, client, "takes it over", &why);
+                }
+                let addrs = vols.get(name).map(|v| v.addrs()).unwrap_or_default();
+                let mut rkeys = Vec::with_capacity(addrs.len());
+                for addr in addrs {
+                    match self.pool.register(Owner::Volume(id), client, addr) {
+                        Ok(c) => rkeys.push((addr, c.rkey)),
+                        Err(e) => {
+                            log::error!(
+                                "client {client:#x}: cannot register chunk {addr:#x} of volume {}: {e}",
+                                show(name)
+                            );
+                            for (_, rkey) in rkeys {
+                                self.pool.deregister(rkey);
+                            }
+                            return Response::error(pool_error_code(&e), e.to_string());
+                        }
+                    }
+                }
+                if !vols.hold(name, holder, &rkeys) {
+                    for (_, rkey) in rkeys {
+                        self.pool.deregister(rkey);
+                    }
+                    return internal("the volume table refused a planned hold");
+                }
+                match vols.held_by(client).and_then(|v| v.info(false)) {
+                    Some(info) => {
+                        log::info!(
+                            "client {client:#x} from {peer} opened volume {} (id {id}, {} chunks, {})",
+                            show(name),
+                            info.chunks,
+                            format_size(info.bytes)
+                        );
+                        Response::VolumeOpened(info)
+                    }
+                    None => internal("the held volume has no registered root"),
+                }
+            }
+        }
+    }
+
+    /// Takes volume `name` from `old` for `by` (who then does `action`): every
+    /// registration of `old` is revoked (its READs and WRITEs fail from now on) and
+    /// `old` is fenced.
+    fn fence(
+        &self,
+        vols: &mut VolumeTable,
+        name: &[u8],
+        old: &Holder,
+        by: u64,
+        action: &str,
+        why: &TakeoverReason,
+    ) {
+        let Some((_, rkeys)) = vols.fence(name) else {
+            return;
+        };
+        for rkey in &rkeys {
+            self.pool.deregister(*rkey);
+        }
+        let heard = match self.last_heard(old.client) {
+            Some(d) => format!("last heard {:.1}s ago", d.as_secs_f64()),
+            None => "no longer connected".into(),
+        };
+        log::warn!(
+            "volume {}: client {by:#x} {action}, fencing client {:#x} ({}, held for {:.1}s from {}, {heard}); {} chunks revoked",
+            show(name),
+            old.client,
+            match why {
+                TakeoverReason::Requested => "takeover requested",
+                TakeoverReason::LeaseExpired => "lease expired",
+            },
+            old.since.elapsed().as_secs_f64(),
+            old.peer,
+            rkeys.len()
+        );
+    }
+
+    fn volume_close(&self, client: u64) -> Response {
+        let mut vols = self.volumes();
+        if let Err(e) = vols.bound(client) {
+            return volume_error(&e);
+        }
+        let Some((name, rkeys)) = vols.release(client) else {
+            return volume_error(&VolumeError::NotHeld);
+        };
+        for rkey in &rkeys {
+            self.pool.deregister(*rkey);
+        }
+        log::info!(
+            "client {client:#x} closed volume {} ({} chunks kept)",
+            show(&name),
+            rkeys.len()
+        );
+        Response::VolumeClosed
+    }
+
+    fn volume_destroy(&self, client: u64, name: &[u8]) -> Response {
+        let mut vols = self.volumes();
+        let plan = match vols.plan_destroy(client, name, self.lease, |c| self.last_heard(c)) {
+            Ok(p) => p,
+            Err(e) => {
+                log::info!(
+                    "client {client:#x}: destroy of volume {} refused: {e}",
+                    show(name)
+                );
+                return volume_error(&e);
+            }
+        };
+        if let Some(old) = &plan.fence {
+            self.fence(
+                &mut vols,
+                name,
+                old,
+                client,
+                "destroys it",
+                &TakeoverReason::LeaseExpired,
+            );
+        } else if vols.held_by(client).is_some_and(|v| v.name() == name) {
+            for rkey in vols.release(client).map(|(_, r)| r).unwrap_or_default() {
+                self.pool.deregister(rkey);
+            }
+        }
+        let Some(v) = vols.remove(name) else {
+            return internal("the volume table refused a planned destroy");
+        };
+        let bytes = self
+            .pool
+            .release_unregistered(Owner::Volume(plan.id), &v.addrs());
+        log::info!(
+            "client {client:#x} destroyed volume {} (id {}): {} chunks, {} freed",
+            show(name),
+            plan.id,
+            v.chunk_count(),
+            format_size(bytes)
+        );
+        Response::VolumeDestroyed { bytes }
+    }
+}
+
+fn internal(what: &str) -> Response {
+    log::error!("internal error: {what}");
+    Response::error(ErrorCode::BadRequest, format!("internal error: {what}"))
+}
+
+fn alloc_error(client: u64, bytes: u64, e: PoolError) -> Response {
+    if let PoolError::Register { .. } = e {
+        log::error!("client {client:#x}: alloc {bytes} failed: {e}");
+    } else {
+        log::debug!("client {client:#x}: alloc {bytes} refused: {e}");
+    }
+    Response::error(pool_error_code(&e), e.to_string())
+}
+
+fn volume_error(e: &VolumeError) -> Response {
+    let code = match e {
+        VolumeError::NotFound(_) | VolumeError::NoChunk(_) => ErrorCode::NotFound,
+        VolumeError::Busy { .. } => ErrorCode::Busy,
+        VolumeError::Fenced => ErrorCode::Fenced,
+        VolumeError::HoldsAnother { .. } | VolumeError::NotHeld | VolumeError::Root(_) => {
+            ErrorCode::BadRequest
+        }
+    };
+    Response::error(code, e.to_string())
 }
 
 fn pool_error_code(e: &PoolError) -> ErrorCode {
@@ -159,9 +551,9 @@ fn pool_error_code(e: &PoolError) -> ErrorCode {
         // The memory exists but cannot be lent (e.g. the NIC cannot register more):
         // for the client that is no space here either, so it turns to another memnode.
         PoolError::Register { .. } => ErrorCode::NoSpace,
-        PoolError::Alloc(AllocError::NotFound { .. }) | PoolError::NotFound { .. } => {
-            ErrorCode::NotFound
-        }
+        PoolError::Alloc(AllocError::NotFound { .. })
+        | PoolError::NotFound { .. }
+        | PoolError::NotBooked { .. } => ErrorCode::NotFound,
         PoolError::Alloc(AllocError::ZeroSize) => ErrorCode::BadRequest,
     }
 }
@@ -185,7 +577,10 @@ impl ControlHandler for ControlService {
                 ErrorCode::NotAuthenticated,
                 "the first request on a connection must be Hello".into(),
             ),
-            (Some(client), req) => reply(self.serve(client, req)),
+            (Some(client), req) => {
+                self.heard().insert(client, Instant::now());
+                reply(self.serve(client, &conn.peer, req))
+            }
         }
     }
 
@@ -204,7 +599,20 @@ impl ControlHandler for ControlService {
                 return;
             }
             clients.remove(&client);
-            self.pool.revoke_all_of(client)
+            let revoked = self.pool.revoke_all_of(client);
+            // The volume it held stays, unreachable until the next open.
+            if let Some((name, rkeys)) = self.volumes().client_gone(client) {
+                for rkey in &rkeys {
+                    self.pool.deregister(*rkey);
+                }
+                log::info!(
+                    "client {client:#x} gone: volume {} released ({} chunks kept)",
+                    show(&name),
+                    rkeys.len()
+                );
+            }
+            self.heard().remove(&client);
+            revoked
         };
         let bytes = self.pool.release_revoked(&revoked);
         log::info!(

@@ -3,13 +3,29 @@
 use super::*;
 use crate::region::{system_page_size, Region};
 use rmemfs_common::fabric::tcp::TcpRegistry;
+use rmemfs_common::fabric::AccessError;
+use rmemfs_common::protocol::{Allocation, VolumeInfo, HEADER_LEN};
 
 const TOKEN: &[u8] = b"s3cret";
 
 fn service(token: Option<&[u8]>) -> ControlService {
     let region = Arc::new(Region::reserve(16 * system_page_size(), false).expect("reserve"));
     let pool = Arc::new(ChunkPool::new(region, Arc::new(TcpRegistry::new())));
-    ControlService::new(pool, token.map(<[u8]>::to_vec), 0xfeed)
+    ControlService::new(
+        pool,
+        token.map(<[u8]>::to_vec),
+        0xfeed,
+        Duration::from_secs(10),
+    )
+}
+
+/// A service over `pages` pages with a lease of `lease`, and its registry (the NIC)
+/// to read and write chunks through.
+fn service_with(pages: u64, lease: Duration) -> (ControlService, Arc<TcpRegistry>) {
+    let region = Arc::new(Region::reserve(pages * system_page_size(), false).expect("reserve"));
+    let nic = Arc::new(TcpRegistry::new());
+    let pool = Arc::new(ChunkPool::new(region, nic.clone()));
+    (ControlService::new(pool, None, 0xfeed, lease), nic)
 }
 
 fn conn(id: u64) -> ConnectionState {
@@ -52,6 +68,17 @@ fn requests_before_hello_are_refused_and_close() {
         Request::Stat,
         Request::Alloc { bytes: 1 },
         Request::Free { addr: 0, rkey: 1 },
+        Request::VolumeOpen {
+            name: b"v".to_vec(),
+            create: true,
+            takeover: true,
+        },
+        Request::VolumeChunks { after: 0 },
+        Request::VolumeClose,
+        Request::VolumeList { after: vec![] },
+        Request::VolumeDestroy {
+            name: b"v".to_vec(),
+        },
     ] {
         let mut c = conn(1);
         let (resp, close) = ask(&s, &mut c, &req);
@@ -126,7 +153,27 @@ fn undecodable_frames_get_an_error_and_close() {
     v2[0..2].copy_from_slice(&2u16.to_le_bytes());
     let mut trailing = Request::Stat.encode();
     trailing.push(0);
-    let cases: [(&str, Vec<u8>, ErrorCode); 4] = [
+    let mut bad_name = Request::VolumeOpen {
+        name: b"ok".to_vec(),
+        create: true,
+        takeover: false,
+    }
+    .encode();
+    bad_name[HEADER_LEN + 3] = b'/';
+    let mut bad_flags = Request::VolumeOpen {
+        name: b"ok".to_vec(),
+        create: true,
+        takeover: false,
+    }
+    .encode();
+    *bad_flags.last_mut().expect("non-empty") = 0x10;
+    let mut short_destroy = Request::VolumeDestroy {
+        name: b"abc".to_vec(),
+    }
+    .encode();
+    short_destroy.pop();
+    short_destroy[4] -= 1;
+    let cases: [(&str, Vec<u8>, ErrorCode); 7] = [
         ("protocol version 2", v2, ErrorCode::VersionMismatch),
         ("an empty frame", vec![], ErrorCode::BadRequest),
         // Version 1 so the garbage gets past the version check.
@@ -136,6 +183,17 @@ fn undecodable_frames_get_an_error_and_close() {
             ErrorCode::BadRequest,
         ),
         ("trailing bytes", trailing, ErrorCode::BadRequest),
+        (
+            "a volume name with a slash",
+            bad_name,
+            ErrorCode::BadRequest,
+        ),
+        ("unknown VolumeOpen flags", bad_flags, ErrorCode::BadRequest),
+        (
+            "a truncated VolumeDestroy",
+            short_destroy,
+            ErrorCode::BadRequest,
+        ),
     ];
     for (what, frame, want) in cases {
         for authenticated in [false, true] {
@@ -265,3 +323,6 @@ fn constant_time_eq_matches_plain_equality() {
         assert_eq!(constant_time_eq(a, b), a == b, "{a:?} vs {b:?}");
     }
 }
+
+#[path = "control_volume_tests.rs"]
+mod volumes;

@@ -7,7 +7,13 @@
 //!   chunks after the rkey, owner and bounds checks. The memnode only registers each
 //!   chunk with the fabric's memory registry (for its owner) and deregisters it on
 //!   free; the backend does the rest (the NIC with verbs, the tcp server with tcp);
-//! - the two-sided path (`control`): Hello, Alloc, Free and Stat.
+//! - the two-sided path (`control`): Hello, Alloc, Free, Stat and the volume
+//!   requests.
+//!
+//! Chunks are scratch memory of the client that allocated them (reclaimed when its
+//! last connection closes) unless the client opened a **volume** (`volumes`): a
+//! named set of chunks that belongs to the volume, survives disconnects, and is held
+//! by one client at a time under a lease ([`MemnodeConfig::lease`]).
 //!
 //! Everything a client sends is checked before use; a misbehaving client is refused or
 //! disconnected and cannot see or disturb another client's memory. Memory that is free
@@ -22,15 +28,20 @@ mod allocator;
 mod control;
 mod pool;
 mod region;
+mod volumes;
 
 pub use region::RegionError;
 
 use rmemfs_common::fabric::{self, FabricError, Server, Transport};
-use rmemfs_common::protocol::{NodeStats, MAX_TOKEN_LEN};
+use rmemfs_common::protocol::{NodeStats, VolumeSummary, MAX_TOKEN_LEN};
 use rmemfs_common::size::format_size;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 use thiserror::Error;
+
+/// The default [`MemnodeConfig::lease`] (the `memnode` binary's `--lease-secs`).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 
 /// How to start a memnode.
 #[derive(Debug, Clone)]
@@ -48,6 +59,10 @@ pub struct MemnodeConfig {
     /// How long a tcp connection thread polls for a client's next request before it
     /// sleeps ([`rmemfs_common::fabric::bind`]).
     pub poll: std::time::Duration,
+    /// How long a volume's holder keeps it against other clients without sending a
+    /// request (fsd's heartbeat is a Stat a second). After that another client's
+    /// open takes the volume over and fences the holder. [`DEFAULT_LEASE`] is 10 s.
+    pub lease: Duration,
 }
 
 /// Why a memnode could not start.
@@ -115,7 +130,12 @@ impl Memnode {
         let region = Arc::new(region::Region::reserve(cfg.size, cfg.huge_pages)?);
         let pool = Arc::new(pool::ChunkPool::new(region.clone(), listener.registry()));
         let node_id = random_node_id()?;
-        let control = Arc::new(control::ControlService::new(pool, token.clone(), node_id));
+        let control = Arc::new(control::ControlService::new(
+            pool,
+            token.clone(),
+            node_id,
+            cfg.lease,
+        ));
         let server = listener
             .serve(control.clone())
             .map_err(MemnodeError::Serve)?;
@@ -157,6 +177,11 @@ impl Memnode {
     /// Capacity and current usage.
     pub fn stats(&self) -> NodeStats {
         self.control.stats()
+    }
+
+    /// Every volume, in name order.
+    pub fn volumes(&self) -> Vec<VolumeSummary> {
+        self.control.volumes_summary()
     }
 
     /// Stops accepting and closes every connection. Idempotent.

@@ -52,6 +52,12 @@ struct Cli {
     #[arg(long, value_name = "MICROS", default_value_t = fabric::DEFAULT_POLL.as_micros() as u64,
           value_parser = clap::value_parser!(u64).range(0..=fabric::MAX_POLL_US))]
     poll_us: u64,
+
+    /// Seconds a volume's holder keeps it without sending a request; after that
+    /// another client may open the volume, which fences the old holder.
+    #[arg(long, value_name = "SECS", default_value_t = memnode::DEFAULT_LEASE.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    lease_secs: u64,
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -85,6 +91,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         huge_pages: cli.huge_pages,
         transport: cli.transport,
         poll: std::time::Duration::from_micros(cli.poll_us),
+        lease: std::time::Duration::from_secs(cli.lease_secs),
     })
     .with_context(|| format!("starting memnode on {}", cli.listen))?;
     let capacity = node.stats().capacity;

@@ -2,11 +2,11 @@
 //! region, kept in step.
 //!
 //! Allocating books a range in the [`ChunkAllocator`], registers it with the fabric's
-//! [`MemoryRegistry`] for its owner (what `ibv_reg_mr` is on a NIC: the rkey comes
-//! from there, and from then on the owner's READs and WRITEs reach the range without
-//! this code), and files the chunk under its rkey in the pool's own table. Freeing
-//! runs the other way, and the order is what keeps the "free memory reads as zero"
-//! invariant without a lock around data copies:
+//! [`MemoryRegistry`] for the client that will access it (what `ibv_reg_mr` is on a
+//! NIC: the rkey comes from there, and from then on that client's READs and WRITEs
+//! reach the range without this code), and files the chunk under its rkey in the
+//! pool's own table. Freeing runs the other way, and the order is what keeps the
+//! "free memory reads as zero" invariant without a lock around data copies:
 //!
 //! 1. take the chunk out of the pool's table: the arbiter between racing frees (only
 //!    one finds it) and the owner check (only the owner's own `(addr, rkey)` matches);
@@ -16,34 +16,45 @@
 //!    region pins the pages any more), which nothing else can reach now;
 //! 4. give it back to the allocator, which may hand it out again at once.
 //!
+//! Who a chunk is booked to ([`Owner`]) and who may access it (the registration's
+//! client) are kept apart: a scratch chunk is booked to the client that accesses it;
+//! a volume chunk is booked to its volume and registered for whichever client holds
+//! the volume, or for nobody (then it is in the books but not in the table). Volume
+//! chunks are registered again ([`ChunkPool::register`]) and deregistered
+//! ([`ChunkPool::deregister`]) as holders come and go, without being freed;
+//! [`ChunkPool::revoke_all_of`] a client only ever takes that client's scratch chunks.
+//!
 //! Every registration the pool makes is deregistered before the pool lets go of the
-//! region: by a free, by [`ChunkPool::revoke_all_of`], or when the pool is dropped.
-//! That is what `register`'s safety contract asks.
+//! region: by a free, by [`ChunkPool::revoke_all_of`] or [`ChunkPool::deregister`],
+//! or when the pool is dropped. That is what `register`'s safety contract asks.
 //!
 //! Locks: the allocator mutex and the chunk table mutex are never held together, and
 //! neither is held while calling the registry. Callers may hold their own locks around
 //! pool calls (control does, see `control.rs`), never the other way round.
 
-use crate::allocator::{AllocError, Booking, ChunkAllocator};
+use crate::allocator::{AllocError, Booking, ChunkAllocator, Owner};
 use crate::region::Region;
 use rmemfs_common::fabric::{FabricError, MemoryRegistry};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use thiserror::Error;
 
-/// One allocated chunk: `[addr, addr + len)`, registered for `owner` under `rkey`.
+/// One registered chunk: `[addr, addr + len)`, booked to `owner` and registered for
+/// `client` under `rkey`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Chunk {
-    pub owner: u64,
+    pub owner: Owner,
+    pub client: u64,
     pub addr: u64,
     pub len: u64,
     pub rkey: u32,
 }
 
 impl Chunk {
-    fn new(b: Booking, rkey: u32) -> Chunk {
+    fn new(b: Booking, client: u64, rkey: u32) -> Chunk {
         Chunk {
             owner: b.owner,
+            client,
             addr: b.addr,
             len: b.len,
             rkey,
@@ -67,6 +78,8 @@ pub enum PoolError {
     Alloc(#[from] AllocError),
     #[error("no allocation at {addr:#x} with rkey {rkey:#x} belongs to this client")]
     NotFound { addr: u64, rkey: u32 },
+    #[error("no chunk of {owner:?} starts at {addr:#x}")]
+    NotBooked { owner: Owner, addr: u64 },
     #[error("cannot register {len} bytes for remote access: {error}")]
     Register { len: u64, error: FabricError },
 }
@@ -115,55 +128,131 @@ impl ChunkPool {
         }
     }
 
-    /// Allocates a chunk of at least `bytes` to `owner` and registers it.
-    pub fn alloc(&self, owner: u64, bytes: u64) -> Result<Chunk, PoolError> {
+    /// Allocates a scratch chunk of at least `bytes` to `client` and registers it.
+    pub fn alloc(&self, client: u64, bytes: u64) -> Result<Chunk, PoolError> {
+        self.alloc_for(Owner::Client(client), client, bytes)
+    }
+
+    /// Books a chunk of at least `bytes` to `owner` and registers it for `client`.
+    pub fn alloc_for(&self, owner: Owner, client: u64, bytes: u64) -> Result<Chunk, PoolError> {
         let booking = lock(&self.allocator).alloc(owner, bytes)?;
-        // SAFETY: the allocator books only ranges inside the region, a private
-        // read/write mapping that lives as long as `self.region`; the pool deregisters
-        // every rkey it files before it drops its `Arc<Region>` (see the module docs
-        // and `Drop`), and the range is booked to this chunk alone until then.
-        let registered = unsafe { self.registry.register(owner, booking.addr, booking.len) };
-        match registered {
-            Ok(rkey) => {
-                let chunk = Chunk::new(booking, rkey);
-                lock(&self.chunks).insert(rkey, chunk);
-                Ok(chunk)
-            }
-            Err(error) => {
+        match self.register_booking(booking, client) {
+            Ok(chunk) => Ok(chunk),
+            Err(e) => {
                 // Never reachable, so still zero: straight back to the books.
                 self.release(booking);
-                Err(PoolError::Register {
-                    len: booking.len,
-                    error,
-                })
+                Err(e)
             }
         }
     }
 
-    /// Frees `owner`'s chunk at `addr` with `rkey`: take, deregister, zero, release.
-    pub fn free(&self, owner: u64, addr: u64, rkey: u32) -> Result<Chunk, PoolError> {
+    /// Registers `owner`'s existing chunk at `addr` (booked earlier, not freed since)
+    /// for `client` under a fresh rkey. The chunk keeps any other registration it has.
+    pub fn register(&self, owner: Owner, client: u64, addr: u64) -> Result<Chunk, PoolError> {
+        let booking = match lock(&self.allocator).get(addr) {
+            Some(b) if b.owner == owner => *b,
+            _ => return Err(PoolError::NotBooked { owner, addr }),
+        };
+        self.register_booking(booking, client)
+    }
+
+    fn register_booking(&self, booking: Booking, client: u64) -> Result<Chunk, PoolError> {
+        // SAFETY: the allocator books only ranges inside the region, a private
+        // read/write mapping that lives as long as `self.region`; the pool deregisters
+        // every rkey it files before it drops its `Arc<Region>` (see the module docs
+        // and `Drop`), and a booked range is not released (so not reused or unmapped)
+        // while a registration of it is filed.
+        let registered = unsafe { self.registry.register(client, booking.addr, booking.len) };
+        match registered {
+            Ok(rkey) => {
+                let chunk = Chunk::new(booking, client, rkey);
+                lock(&self.chunks).insert(rkey, chunk);
+                Ok(chunk)
+            }
+            Err(error) => Err(PoolError::Register {
+                len: booking.len,
+                error,
+            }),
+        }
+    }
+
+    /// Revokes the registration `rkey` (returns once no access under it is in
+    /// flight) and keeps the chunk booked. `None` when the pool has no such rkey.
+    pub fn deregister(&self, rkey: u32) -> Option<Chunk> {
+        let chunk = lock(&self.chunks).remove(&rkey)?;
+        self.registry.deregister(rkey);
+        Some(chunk)
+    }
+
+    /// Frees `client`'s scratch chunk at `addr` with `rkey`.
+    pub fn free(&self, client: u64, addr: u64, rkey: u32) -> Result<Chunk, PoolError> {
+        self.free_as(Owner::Client(client), client, addr, rkey)
+    }
+
+    /// Frees the chunk at `addr` booked to `owner` and registered for `client` under
+    /// `rkey`: take, deregister, zero, release.
+    pub fn free_as(
+        &self,
+        owner: Owner,
+        client: u64,
+        addr: u64,
+        rkey: u32,
+    ) -> Result<Chunk, PoolError> {
         let chunk = {
             let mut chunks = lock(&self.chunks);
             match chunks.get(&rkey) {
-                Some(c) if c.owner == owner && c.addr == addr => chunks.remove(&rkey),
+                Some(c) if c.owner == owner && c.client == client && c.addr == addr => {
+                    chunks.remove(&rkey)
+                }
                 _ => None,
             }
         }
         .ok_or(PoolError::NotFound { addr, rkey })?;
         self.registry.deregister(chunk.rkey);
-        self.scrub_and_release(chunk);
+        self.scrub_and_release(chunk.owner, chunk.addr, chunk.len);
         Ok(chunk)
     }
 
-    /// Takes every chunk of `owner` out of the table and deregisters it (steps 1 and
-    /// 2 for all of them); returns once none is being accessed. The caller then passes
-    /// the result to [`ChunkPool::release_revoked`].
-    pub fn revoke_all_of(&self, owner: u64) -> Vec<Chunk> {
+    /// Zeroes and frees `owner`'s chunks starting at `addrs`, which the caller has
+    /// deregistered already; returns the bytes freed. A chunk that is somehow still
+    /// registered, or not `owner`'s, is left alone (and logged): it may be in use.
+    pub fn release_unregistered(&self, owner: Owner, addrs: &[u64]) -> u64 {
+        let registered: HashSet<u64> = lock(&self.chunks).values().map(|c| c.addr).collect();
+        let mut bytes = 0;
+        for &addr in addrs {
+            if registered.contains(&addr) {
+                log::error!("chunk {addr:#x} of {owner:?} is still registered; not freeing it");
+                continue;
+            }
+            let booking = match lock(&self.allocator).get(addr) {
+                Some(b) if b.owner == owner => *b,
+                _ => {
+                    log::error!("no chunk of {owner:?} at {addr:#x} to free");
+                    continue;
+                }
+            };
+            bytes += self.scrub_and_release(owner, addr, booking.len);
+        }
+        bytes
+    }
+
+    /// True when `client` has a scratch chunk.
+    pub fn has_scratch(&self, client: u64) -> bool {
+        lock(&self.chunks)
+            .values()
+            .any(|c| c.owner == Owner::Client(client))
+    }
+
+    /// Takes every scratch chunk of `client` out of the table and deregisters it
+    /// (steps 1 and 2 for all of them); returns once none is being accessed. The
+    /// caller then passes the result to [`ChunkPool::release_revoked`]. Volume chunks
+    /// registered for `client` are not touched: they are not the client's.
+    pub fn revoke_all_of(&self, client: u64) -> Vec<Chunk> {
         let mine: Vec<Chunk> = {
             let mut chunks = lock(&self.chunks);
             let mine: Vec<Chunk> = chunks
                 .values()
-                .filter(|c| c.owner == owner)
+                .filter(|c| c.owner == Owner::Client(client))
                 .copied()
                 .collect();
             for c in &mine {
@@ -179,24 +268,25 @@ impl ChunkPool {
 
     /// Zeroes and releases chunks already revoked; returns the bytes reclaimed.
     pub fn release_revoked(&self, chunks: &[Chunk]) -> u64 {
-        chunks.iter().map(|&c| self.scrub_and_release(c)).sum()
+        chunks
+            .iter()
+            .map(|c| self.scrub_and_release(c.owner, c.addr, c.len))
+            .sum()
     }
 
     /// Steps 3 and 4 for one deregistered chunk; returns its length, or 0 if it had
     /// to be leaked.
-    fn scrub_and_release(&self, chunk: Chunk) -> u64 {
-        let offset = chunk.addr.wrapping_sub(self.region.base());
-        if let Err(e) = self.region.zero(offset, chunk.len) {
+    fn scrub_and_release(&self, owner: Owner, addr: u64, len: u64) -> u64 {
+        let offset = addr.wrapping_sub(self.region.base());
+        if let Err(e) = self.region.zero(offset, len) {
             // Cannot happen for a chunk the allocator booked; leaking it is the only
             // choice that never hands out someone's old bytes.
-            log::error!("cannot zero freed chunk {chunk:?} ({e}); leaking it");
+            log::error!(
+                "cannot zero freed chunk {addr:#x}+{len:#x} of {owner:?} ({e}); leaking it"
+            );
             return 0;
         }
-        self.release(Booking {
-            owner: chunk.owner,
-            addr: chunk.addr,
-            len: chunk.len,
-        })
+        self.release(Booking { owner, addr, len })
     }
 
     /// Gives a booking back to the allocator; returns its length, or 0 if the books
@@ -222,6 +312,11 @@ impl ChunkPool {
 
     pub fn capacity(&self) -> u64 {
         self.region.len()
+    }
+
+    /// The region's page: the smallest chunk the pool books.
+    pub fn page(&self) -> u64 {
+        self.region.granularity()
     }
 }
 

@@ -181,3 +181,120 @@ fn writes_racing_with_their_chunks_free_never_reach_the_next_owner() {
         p.free(2, d.addr, d.rkey).expect("frees");
     }
 }
+
+#[test]
+fn a_volume_chunk_survives_revoking_the_client_it_is_registered_for() {
+    let (p, nic) = pool(4);
+    let v = p.alloc_for(Owner::Volume(1), 7, 1).expect("fits");
+    let s = p.alloc(7, 1).expect("fits");
+    assert!(
+        p.has_scratch(7) && !p.has_scratch(1),
+        "only client 7 has scratch"
+    );
+    let revoked = p.revoke_all_of(7);
+    assert_eq!(revoked, vec![s], "only the scratch chunk is revoked");
+    p.release_revoked(&revoked);
+    assert!(!p.has_scratch(7));
+    nic.write(7, v.addr, v.rkey, b"kept")
+        .expect("the volume chunk is still registered for its holder");
+    assert_eq!(p.usage().chunks, 1);
+}
+
+#[test]
+fn a_deregistered_volume_chunk_stays_booked_and_registers_again_with_a_new_rkey() {
+    let (p, nic) = pool(4);
+    let v = p.alloc_for(Owner::Volume(1), 7, 1).expect("fits");
+    nic.write(7, v.addr, v.rkey, b"data")
+        .expect("holder writes");
+    assert_eq!(p.deregister(v.rkey), Some(v));
+    assert_eq!(p.deregister(v.rkey), None, "only once");
+    assert_eq!(
+        nic.read(7, v.addr, v.rkey, &mut [0u8; 4]),
+        Err(AccessError::UnknownKey)
+    );
+    assert_eq!(p.usage().chunks, 1, "still booked");
+    let again = p.register(Owner::Volume(1), 8, v.addr).expect("registers");
+    assert_ne!(again.rkey, v.rkey, "a fresh rkey");
+    assert_eq!((again.client, again.owner), (8, Owner::Volume(1)));
+    let mut back = [0u8; 4];
+    nic.read(8, again.addr, again.rkey, &mut back)
+        .expect("the new holder reads");
+    assert_eq!(&back, b"data", "the bytes stayed");
+    assert_eq!(
+        nic.read(7, again.addr, again.rkey, &mut back),
+        Err(AccessError::NotOwner),
+        "the old holder cannot use the new rkey"
+    );
+}
+
+#[test]
+fn register_needs_the_owners_booking() {
+    let (p, _) = pool(4);
+    let v = p.alloc_for(Owner::Volume(1), 7, 1).expect("fits");
+    let s = p.alloc(7, 1).expect("fits");
+    for (what, owner, addr) in [
+        ("another volume", Owner::Volume(2), v.addr),
+        ("a client of the same number", Owner::Client(1), v.addr),
+        ("a scratch chunk as a volume's", Owner::Volume(7), s.addr),
+        ("an address inside", Owner::Volume(1), v.addr + 8),
+        ("a free address", Owner::Volume(1), s.addr + s.len),
+    ] {
+        assert_eq!(
+            p.register(owner, 9, addr),
+            Err(PoolError::NotBooked { owner, addr }),
+            "register of {what}"
+        );
+    }
+}
+
+#[test]
+fn volume_chunks_are_freed_only_as_the_volumes_by_its_holder() {
+    let (p, nic) = pool(4);
+    let v = p.alloc_for(Owner::Volume(1), 7, 1).expect("fits");
+    for (what, owner, client) in [
+        ("the holder's scratch", Owner::Client(7), 7),
+        ("another client", Owner::Volume(1), 8),
+        ("another volume", Owner::Volume(2), 7),
+    ] {
+        assert_eq!(
+            p.free_as(owner, client, v.addr, v.rkey),
+            Err(PoolError::NotFound {
+                addr: v.addr,
+                rkey: v.rkey
+            }),
+            "free as {what}"
+        );
+    }
+    assert!(p.free(7, v.addr, v.rkey).is_err(), "a scratch free");
+    nic.write(7, v.addr, v.rkey, b"x").expect("still there");
+    p.free_as(Owner::Volume(1), 7, v.addr, v.rkey)
+        .expect("the holder frees it");
+    assert_eq!(p.usage().used, 0);
+}
+
+#[test]
+fn releasing_unregistered_chunks_zeroes_them_and_leaves_registered_ones() {
+    let (p, nic) = pool(4);
+    let page = system_page_size();
+    let a = p.alloc_for(Owner::Volume(1), 7, page).expect("fits");
+    let b = p.alloc_for(Owner::Volume(1), 7, page).expect("fits");
+    let other = p.alloc_for(Owner::Volume(2), 7, page).expect("fits");
+    nic.write(7, a.addr, a.rkey, &vec![0xaa; page as usize])
+        .expect("writes");
+    p.deregister(a.rkey).expect("registered");
+    // b is still registered and `other` is another volume's: both are left alone.
+    assert_eq!(
+        p.release_unregistered(Owner::Volume(1), &[a.addr, b.addr, other.addr]),
+        page
+    );
+    assert_eq!(p.usage().chunks, 2);
+    nic.write(7, b.addr, b.rkey, b"b").expect("b untouched");
+    let c = p.alloc(9, page).expect("the freed page");
+    assert_eq!(c.addr, a.addr);
+    let mut back = vec![0xffu8; page as usize];
+    nic.read(9, c.addr, c.rkey, &mut back).expect("reads");
+    assert!(
+        back.iter().all(|&x| x == 0),
+        "a destroyed volume's chunk reads as zero"
+    );
+}

@@ -191,6 +191,45 @@ fn a_bad_poll_budget_is_a_usage_error_with_exit_code_2() {
 }
 
 #[test]
+fn a_bad_lease_is_a_usage_error_with_exit_code_2() {
+    for bad in ["0", "-1", "3601", "soon"] {
+        let (status, err) = run_to_exit(&[&format!("--lease-secs={bad}")]);
+        assert_eq!(status.code(), Some(2), "--lease-secs {bad}: {err}");
+        assert!(err.contains("--lease-secs"), "--lease-secs {bad}: {err}");
+    }
+}
+
+#[test]
+fn lease_secs_sets_how_long_a_silent_holder_keeps_its_volume() {
+    let node = spawn(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--size",
+            "4M",
+            "--lease-secs",
+            "1",
+        ],
+        None,
+    );
+    let a = TcpEndpoint::connect(&node.addr, TIMEOUT).expect("connects");
+    control::hello(&a, 1, b"").expect("welcome");
+    control::volume_open(&a, "v", true, false).expect("A creates the volume");
+    let b = TcpEndpoint::connect(&node.addr, TIMEOUT).expect("connects");
+    control::hello(&b, 2, b"").expect("welcome");
+    match control::volume_open(&b, "v", false, false) {
+        Err(e) if e.is_busy() => {}
+        other => panic!("within A's lease: expected Busy, got {other:?}"),
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    control::volume_open(&b, "v", false, false).expect("B gets the volume after a 1 s lease");
+    match control::alloc(&a, 1) {
+        Err(e) if e.is_fenced() => {}
+        other => panic!("A after losing its lease: expected Fenced, got {other:?}"),
+    }
+}
+
+#[test]
 fn a_bad_size_is_a_usage_error_with_exit_code_2() {
     for size in ["lots", "12X", "0", "99999999999T"] {
         let (status, err) = run_to_exit(&["--size", size]);

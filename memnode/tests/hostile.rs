@@ -238,3 +238,140 @@ fn hostile_bytes_get_an_error_or_a_close_and_a_good_client_keeps_working() {
         "hostile connections allocated nothing"
     );
 }
+
+/// A control frame with `kind` and `body`, in protocol version 1.
+fn control_frame(kind: u16, body: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(8 + body.len());
+    f.extend_from_slice(&1u16.to_le_bytes());
+    f.extend_from_slice(&kind.to_le_bytes());
+    f.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    f.extend_from_slice(body);
+    f
+}
+
+/// A name field: a u16 length and the bytes.
+fn name_field(name: &[u8]) -> Vec<u8> {
+    let mut b = (name.len() as u16).to_le_bytes().to_vec();
+    b.extend_from_slice(name);
+    b
+}
+
+/// Malformed volume requests (by kind number, so the encoder cannot tidy them).
+fn malformed_volume_frames() -> Vec<(&'static str, Vec<u8>)> {
+    let with_flags = |name: &[u8], flags: u8| {
+        let mut b = name_field(name);
+        b.push(flags);
+        b
+    };
+    vec![
+        (
+            "an open of \"a/b\"",
+            control_frame(0x0005, &with_flags(b"a/b", 1)),
+        ),
+        (
+            "an open of \"..\"",
+            control_frame(0x0005, &with_flags(b"..", 1)),
+        ),
+        (
+            "an open of an empty name",
+            control_frame(0x0005, &with_flags(b"", 1)),
+        ),
+        (
+            "an open of a 65-byte name",
+            control_frame(0x0005, &with_flags(&[b'a'; 65], 1)),
+        ),
+        (
+            "an open with unknown flags",
+            control_frame(0x0005, &with_flags(b"v", 0x80)),
+        ),
+        (
+            "an open without its flags",
+            control_frame(0x0005, &name_field(b"v")),
+        ),
+        ("an open whose name runs past the body", {
+            let mut b = 60u16.to_le_bytes().to_vec();
+            b.extend_from_slice(b"short");
+            control_frame(0x0005, &b)
+        }),
+        (
+            "a chunk list request cut short",
+            control_frame(0x0006, &[0; 7]),
+        ),
+        ("a close with a trailing byte", control_frame(0x0007, &[0])),
+        (
+            "a list after a bad name",
+            control_frame(0x0008, &name_field(b"a b")),
+        ),
+        (
+            "a destroy of \".\"",
+            control_frame(0x0009, &name_field(b".")),
+        ),
+        ("a destroy with trailing bytes", {
+            let mut b = name_field(b"v");
+            b.push(0);
+            control_frame(0x0009, &b)
+        }),
+        (
+            "a VolumeOpened sent as a request",
+            control_frame(0x8005, &[0; 41]),
+        ),
+    ]
+}
+
+/// Sends one control frame on a raw socket.
+fn send_control(s: &mut TcpStream, frame: &[u8]) {
+    send(s, &header(OP_SEND, frame.len() as u32));
+    send(s, frame);
+}
+
+#[test]
+fn malformed_volume_frames_close_only_their_connection() {
+    let node = start(16 << 20);
+    let addr = node.local_addr();
+    let holder = client(&node, 1);
+    let info = control::volume_open(&holder, "vol", true, false).expect("creates the volume");
+    let chunk = alloc(&holder, 1 << 20);
+    let data = pattern(3, 4096);
+    write_at(&holder, remote(&chunk, 0), &data).expect("the holder writes");
+    for (what, frame) in malformed_volume_frames() {
+        // Anonymous, as a stranger, and as another connection of the holder itself.
+        for hello_as in [None, Some(2u64), Some(1u64)] {
+            let mut s = raw(addr);
+            if let Some(id) = hello_as {
+                send_control(
+                    &mut s,
+                    &Request::Hello {
+                        client_id: id,
+                        token: vec![],
+                    }
+                    .encode(),
+                );
+                let (_, payload) = read_completion(&mut s, "Hello");
+                assert!(
+                    matches!(Response::decode(&payload), Ok(Response::Welcome { .. })),
+                    "{what}: the raw Hello must be welcome"
+                );
+            }
+            send_control(&mut s, &frame);
+            expect_error_reply_and_close(&mut s, ErrorCode::BadRequest, what);
+        }
+        assert!(
+            holder.is_connected(),
+            "after {what}: the holder stays connected"
+        );
+        assert_eq!(
+            read_at(&holder, remote(&chunk, 0), data.len()).expect("the holder reads"),
+            data,
+            "after {what}: the holder's data is intact"
+        );
+        let chunks = control::volume_chunks(&holder).expect("the holder still holds its volume");
+        assert_eq!(chunks, vec![chunk], "after {what}");
+    }
+    let v = node.volumes();
+    assert_eq!(
+        (v.len(), v[0].holder, v[0].chunks, v[0].bytes),
+        (1, 1, 2, (1 << 20) + info.root.len),
+        "the volume is as it was"
+    );
+    wait_until("only the holder remains", || node.stats().clients == 1);
+}

@@ -21,6 +21,7 @@ fn start_node(listen: &str) -> memnode::Memnode {
         huge_pages: false,
         transport: Transport::Tcp,
         poll: std::time::Duration::ZERO,
+        lease: memnode::DEFAULT_LEASE,
     })
     .expect("memnode starts")
 }

@@ -32,6 +32,7 @@ fn rig_of(memnode_size: u64, cache: u64, chunk: u64, block: u64, faults: Arc<Fau
         huge_pages: false,
         transport: rmemfs_common::fabric::Transport::Tcp,
         poll: std::time::Duration::ZERO,
+        lease: memnode::DEFAULT_LEASE,
     })
     .expect("memnode starts");
     let addr = node.local_addr().to_string();

@@ -544,6 +544,7 @@ mod tests {
             huge_pages: false,
             transport: rmemfs_common::fabric::Transport::Tcp,
             poll: std::time::Duration::ZERO,
+            lease: memnode::DEFAULT_LEASE,
         })
         .expect("memnode starts");
         let connect: Arc<Connector> = Arc::new(|peer: &str, _client: u64| {

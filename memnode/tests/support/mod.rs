@@ -18,6 +18,14 @@ pub fn start(size: u64) -> Memnode {
 }
 
 pub fn start_with_token(size: u64, token: Option<&[u8]>) -> Memnode {
+    start_with(size, token, memnode::DEFAULT_LEASE)
+}
+
+pub fn start_with_lease(size: u64, lease: Duration) -> Memnode {
+    start_with(size, None, lease)
+}
+
+fn start_with(size: u64, token: Option<&[u8]>, lease: Duration) -> Memnode {
     Memnode::start(MemnodeConfig {
         listen: "127.0.0.1:0".into(),
         size,
@@ -25,6 +33,7 @@ pub fn start_with_token(size: u64, token: Option<&[u8]>) -> Memnode {
         huge_pages: false,
         transport: Transport::Tcp,
         poll: std::time::Duration::ZERO,
+        lease,
     })
     .expect("a memnode on 127.0.0.1:0 starts")
 }
