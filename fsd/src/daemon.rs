@@ -4,8 +4,9 @@
 use crate::fs::{Caller, RmemFs};
 use crate::fuse::{CacheMode, FuseAdapter, MountChoices};
 use crate::mount::Mounted;
-use crate::remote::{Connector, RemoteConfig, RemoteStore, MAX_REPLICAS};
+use crate::remote::{Connector, RemoteConfig, RemoteStore, VolumeSpec, MAX_REPLICAS};
 use crate::stats::Snapshot;
+use crate::volume::Volume;
 use anyhow::{bail, Context};
 use clap::Parser;
 use rmemfs_common::control::random_id;
@@ -120,6 +121,15 @@ pub struct Options {
     /// to this file, replaced once a second and at exit.
     #[arg(long, value_name = "PATH")]
     pub stats_file: Option<PathBuf>,
+    /// Mount the durable volume NAME, created on first use: files, directories and
+    /// their metadata live on the memnodes and outlive fsd (unmount, restart, crash).
+    /// Without it the mount is scratch memory, gone when fsd exits.
+    #[arg(long, value_name = "NAME")]
+    pub volume: Option<String>,
+    /// Take the volume over from an fsd that still holds it (its host vanished):
+    /// the memnodes then refuse that fsd's writes.
+    #[arg(long, requires = "volume")]
+    pub takeover: bool,
 }
 
 impl Options {
@@ -161,6 +171,14 @@ impl Options {
                 "--token is {token_len} bytes; at most {} are allowed",
                 rmemfs_common::protocol::MAX_TOKEN_LEN
             );
+        }
+        if let Some(v) = &self.volume {
+            if !rmemfs_common::protocol::valid_volume_name(v.as_bytes()) {
+                bail!(
+                    "--volume {v:?}: a volume name is 1 to {} letters, digits, '.', '_' or '-'",
+                    rmemfs_common::protocol::MAX_VOLUME_NAME
+                );
+            }
         }
         if !self.mountpoint.is_dir() {
             bail!(
@@ -228,6 +246,12 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             lease: memnode::DEFAULT_LEASE,
         })
         .context("starting the embedded memnode")?;
+        if let Some(v) = &opts.volume {
+            log::warn!(
+                "volume {v} is on the embedded memnode: it lives as long as this fsd; run a \
+                 memnode beside fsd (--memnode) for a volume that outlives it"
+            );
+        }
         log::info!(
             "no --memnode given: embedded memnode of {} on {} over {transport}",
             format_size(opts.embedded_size),
@@ -261,6 +285,11 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             token,
             replicas: opts.replicas,
             watch_interval: WATCH_INTERVAL,
+            volume: opts.volume.as_ref().map(|name| VolumeSpec {
+                name: name.clone(),
+                create: true,
+                takeover: opts.takeover,
+            }),
         },
         connector,
     )
@@ -272,7 +301,32 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             gid: libc::getegid(),
         }
     };
-    let fs = Arc::new(RmemFs::new(Arc::new(remote), opts.cache, owner));
+    let remote = Arc::new(remote);
+    let fs = match &opts.volume {
+        None => {
+            log::info!("scratch mode: the files are gone when fsd exits (--volume keeps them)");
+            Arc::new(RmemFs::new(remote, opts.cache, owner))
+        }
+        Some(name) => {
+            let (volume, ns, report) = Volume::mount(name, remote.clone(), (owner.uid, owner.gid))
+                .with_context(|| format!("opening volume {name}"))?;
+            if report.created {
+                log::info!("volume {name} created");
+            } else {
+                log::info!(
+                    "volume {name} opened: {} inodes, {} log entries replayed, {} orphans and \
+                     {} unreferenced chunks reclaimed, {} blocks lost; now generation {}",
+                    report.inodes,
+                    report.log_entries,
+                    report.orphans,
+                    report.reclaimed_chunks,
+                    report.lost_blocks,
+                    report.generation
+                );
+            }
+            Arc::new(RmemFs::on_volume(remote, opts.cache, ns, volume))
+        }
+    };
     fs.cache()
         .register_with_fabric()
         .context("registering the page cache with the RDMA device")?;

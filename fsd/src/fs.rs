@@ -19,6 +19,7 @@ use crate::inode::{Attr, BlockEntry, FileKind, Ino, Inode};
 use crate::namespace::{DirEntry, Namespace, NewInode, RenameMode};
 use crate::privs::{self, KillPrivs};
 use crate::remote::{BlockLoc, RemoteStore};
+use crate::volume::Volume;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -96,6 +97,8 @@ pub struct RmemFs {
     prefetch: prefetch::Prefetcher,
     /// What the last maintenance pass counted (`repair.rs`).
     redundancy: std::sync::Mutex<Redundancy>,
+    /// The durable volume the metadata is kept in (`None`: scratch, kept nowhere).
+    volume: Option<Arc<Volume>>,
 }
 
 /// How far from where the last write to a file ended a large write may start and
@@ -129,13 +132,34 @@ fn finished_blocks(first: u64, last: u64, end: u64, bs: u64, at_eof: bool) -> st
 }
 
 impl RmemFs {
+    /// A scratch filesystem: empty, its metadata in this process only.
     pub fn new(remote: Arc<RemoteStore>, cache_bytes: u64, owner: Caller) -> RmemFs {
+        let ns = Namespace::new(owner.uid, owner.gid);
+        RmemFs::with_namespace(remote, cache_bytes, ns, None)
+    }
+
+    /// The filesystem of a mounted durable volume (see `volume.rs`).
+    pub fn on_volume(
+        remote: Arc<RemoteStore>,
+        cache_bytes: u64,
+        ns: Namespace,
+        volume: Arc<Volume>,
+    ) -> RmemFs {
+        RmemFs::with_namespace(remote, cache_bytes, ns, Some(volume))
+    }
+
+    fn with_namespace(
+        remote: Arc<RemoteStore>,
+        cache_bytes: u64,
+        ns: Namespace,
+        volume: Option<Arc<Volume>>,
+    ) -> RmemFs {
         let block_size = remote.block_size();
         let cache = PageCache::new(cache_bytes, block_size as usize);
         let readahead_blocks =
             ((1u64 << 20) / block_size).clamp(1, cache.capacity_pages() as u64 / 4 + 1);
         RmemFs {
-            ns: Namespace::new(owner.uid, owner.gid),
+            ns,
             counters: FileCounters::default(),
             cache,
             remote,
@@ -143,7 +167,41 @@ impl RmemFs {
             readahead_blocks,
             prefetch: Default::default(),
             redundancy: Default::default(),
+            volume,
         }
+    }
+
+    /// Notes that `inode` changed, for the volume's next commit (after the change).
+    fn changed(&self, inode: &Inode) {
+        if let Some(v) = &self.volume {
+            v.journal().touch(inode);
+        }
+    }
+
+    /// Gives blocks back: at once in scratch mode, after the next commit on a volume
+    /// (so a crash never finds them in two files).
+    fn free_later(&self, blocks: impl IntoIterator<Item = BlockLoc>) {
+        match &self.volume {
+            Some(v) => v.defer_free(blocks),
+            None => self.remote.free_blocks(blocks),
+        }
+    }
+
+    /// Makes everything written so far durable on the volume (a no-op in scratch
+    /// mode): fsync and fsyncdir, after the data is written back.
+    pub fn commit(&self) -> FsResult<()> {
+        match &self.volume {
+            Some(v) => v.commit(&self.ns).map_err(|e| {
+                log::error!("commit failed: {e}");
+                FsError::Io(e.to_string())
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The durable volume, if mounted on one.
+    pub fn volume(&self) -> Option<&Arc<Volume>> {
+        self.volume.as_ref()
     }
 
     pub fn cache(&self) -> &PageCache {
@@ -208,6 +266,7 @@ impl RmemFs {
         }
         m.attr.ctime = now;
         drop(m);
+        self.changed(&inode);
         Ok(self.attr_of(&inode))
     }
 
@@ -360,11 +419,16 @@ impl RmemFs {
                 return;
             }
             m.released = true;
-            std::mem::take(&mut m.blocks)
+            let blocks = std::mem::take(&mut m.blocks);
+            for &i in blocks.keys() {
+                m.block_changed(i);
+            }
+            blocks
         };
+        self.changed(inode);
         // Drop cached pages first (waiting out any write-back in flight), then free.
         self.cache.invalidate(inode.ino, 0);
-        self.remote.free_blocks(blocks.into_values().map(|e| e.loc));
+        self.free_later(blocks.into_values().map(|e| e.loc));
     }
 
     fn truncate(&self, inode: &Inode, size: u64) -> FsResult<()> {
@@ -403,12 +467,21 @@ impl RmemFs {
                     },
                 )?;
             }
-            let freed = inode.meta().blocks.split_off(&first_gone);
-            self.remote.free_blocks(freed.into_values().map(|e| e.loc));
+            let freed = {
+                let mut m = inode.meta();
+                let freed = m.blocks.split_off(&first_gone);
+                for &i in freed.keys() {
+                    m.block_changed(i);
+                }
+                freed
+            };
+            self.free_later(freed.into_values().map(|e| e.loc));
         }
         let mut m = inode.meta();
         m.attr.size = size;
         m.touch_mtime();
+        drop(m);
+        self.changed(inode);
         Ok(())
     }
 
@@ -528,6 +601,8 @@ impl RmemFs {
         if privs::has_privs(m.attr.perm) {
             m.attr.perm = privs::without_privs(m.attr.perm);
             m.touch_ctime();
+            drop(m);
+            self.changed(&inode);
         }
         Ok(())
     }
@@ -580,6 +655,7 @@ impl RmemFs {
         // for that itself before writes through its page cache, not direct-I/O ones.
         m.xattrs.remove(OsStr::new(privs::FILE_CAPABILITIES));
         drop(m);
+        self.changed(inode);
         let prev_end = inode.next_write.swap(end, Ordering::Relaxed);
         if continues_stream(prev_end, offset, end - offset) {
             // A stream: what it has finished goes to remote memory now, behind it
@@ -611,6 +687,7 @@ impl RmemFs {
                             written: false,
                         },
                     );
+                    m.block_changed(i);
                     fresh.push(i);
                 }
                 Err(e) => {
@@ -620,10 +697,15 @@ impl RmemFs {
                         .map(|e| e.loc)
                         .collect();
                     drop(m);
+                    // Never committed (the meta lock was held throughout): free now.
                     self.remote.free_blocks(undo);
                     return Err(e.into());
                 }
             }
+        }
+        drop(m);
+        if !fresh.is_empty() {
+            self.changed(inode);
         }
         Ok(fresh)
     }
@@ -643,9 +725,18 @@ impl RmemFs {
         flushed
     }
 
-    /// Writes back everything (periodic flusher, unmount).
+    /// fsync(2): the file's data written back, then (on a volume) every change so
+    /// far made durable.
+    pub fn fsync_durable(&self, ino: Ino) -> FsResult<()> {
+        self.fsync(ino)?;
+        self.commit()
+    }
+
+    /// Writes back everything, then commits (periodic flusher, unmount).
     pub fn flush_all(&self) -> FsResult<()> {
-        self.cache.flush_all(self)
+        let flushed = self.cache.flush_all(self);
+        let committed = self.commit();
+        flushed.and(committed)
     }
 
     pub fn statfs(&self) -> FsStats {
@@ -658,12 +749,24 @@ impl RmemFs {
         }
     }
 
-    /// Flushes everything and gives all remote memory back (unmount).
+    /// Flushes everything; on a volume writes a last checkpoint and lets go of the
+    /// volume (its memory stays on the memnodes), else gives all remote memory back
+    /// (unmount).
     pub fn shutdown(&self) {
         if let Err(e) = self.flush_all() {
             log::error!("flush at unmount failed: {e}");
         }
-        self.remote.release_all();
+        match &self.volume {
+            Some(v) if !v.close() => {}
+            Some(v) => {
+                match v.checkpoint(&self.ns) {
+                    Ok(()) => log::info!("volume {}: everything is durable", v.name()),
+                    Err(e) => log::error!("volume {}: last checkpoint failed: {e}", v.name()),
+                }
+                self.remote.close_volume();
+            }
+            None => self.remote.release_all(),
+        }
     }
 }
 

@@ -499,7 +499,7 @@ impl Filesystem for FuseAdapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        empty(self.fs.fsync(ino.0), reply);
+        empty(self.fs.fsync_durable(ino.0), reply);
     }
 
     fn readdir(
@@ -532,7 +532,8 @@ impl Filesystem for FuseAdapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply.ok(); // metadata lives in fsd's memory: nothing to write back
+        // On a volume, a directory's entries become durable with the next commit.
+        empty(self.fs.commit(), reply);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

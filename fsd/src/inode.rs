@@ -10,10 +10,10 @@
 
 use crate::error::FsError;
 use crate::remote::BlockLoc;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Mutex, MutexGuard, RwLock};
 use std::time::SystemTime;
 
@@ -81,6 +81,9 @@ pub struct Meta {
     pub write_error: Option<FsError>,
     /// True once the data of a deleted file was given back.
     pub released: bool,
+    /// On a durable volume: blocks whose entry changed since the last commit (the
+    /// commit records their state). `None` in scratch mode, where nothing is logged.
+    pub dirty_blocks: Option<BTreeSet<u64>>,
 }
 
 pub struct Inode {
@@ -93,6 +96,8 @@ pub struct Inode {
     pub readahead_to: AtomicU64,
     /// Byte offset just past the last write, for sequential-write detection.
     pub next_write: AtomicU64,
+    /// Set while the inode waits in the volume journal's dirty set.
+    pub journal_dirty: AtomicBool,
 }
 
 impl Inode {
@@ -109,10 +114,12 @@ impl Inode {
                 opens: 0,
                 write_error: None,
                 released: false,
+                dirty_blocks: None,
             }),
             next_read: AtomicU64::new(0),
             readahead_to: AtomicU64::new(0),
             next_write: AtomicU64::new(0),
+            journal_dirty: AtomicBool::new(false),
         }
     }
 
@@ -139,6 +146,13 @@ impl Meta {
         let now = SystemTime::now();
         self.attr.mtime = now;
         self.attr.ctime = now;
+    }
+
+    /// Notes that block `index`'s entry changed (a durable volume logs it).
+    pub fn block_changed(&mut self, index: u64) {
+        if let Some(d) = &mut self.dirty_blocks {
+            d.insert(index);
+        }
     }
 
     pub fn touch_ctime(&mut self) {

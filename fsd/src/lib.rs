@@ -9,6 +9,7 @@
 //! - [`stats`]: counters of remote traffic and of the cache, written for benchmarks.
 //! - [`mount`]: the mount options, and serving until unmounted or signalled.
 //! - [`daemon`]: startup, periodic flushing, write-back and shutdown.
+//! - [`volume`]: durable volumes: the metadata kept in remote memory.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod cache;
@@ -22,3 +23,4 @@ pub mod namespace;
 pub mod privs;
 pub mod remote;
 pub mod stats;
+pub mod volume;

@@ -14,6 +14,8 @@
 
 use crate::error::{FsError, FsResult};
 use crate::inode::{Attr, FileKind, Ino, Inode, ROOT_INO};
+use crate::volume::format::Record;
+use crate::volume::journal::Journal;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
@@ -44,11 +46,13 @@ impl Dir {
         }
     }
 
-    fn insert(&mut self, name: OsString, ino: Ino) {
+    /// Adds an entry; returns its cookie.
+    fn insert(&mut self, name: OsString, ino: Ino) -> u64 {
         let cookie = self.next_cookie;
         self.next_cookie += 1;
         self.by_cookie.insert(cookie, name.clone());
         self.entries.insert(name, (ino, cookie));
+        cookie
     }
 
     fn remove(&mut self, name: &OsStr) -> Option<Ino> {
@@ -96,6 +100,8 @@ pub struct Namespace {
     tree: RwLock<HashMap<Ino, Dir>>,
     inodes: RwLock<HashMap<Ino, Arc<Inode>>>,
     next_ino: AtomicU64,
+    /// On a durable volume: where structural changes are logged (`persist.rs`).
+    journal: Option<Arc<Journal>>,
 }
 
 fn check_name(name: &OsStr) -> FsResult<()> {
@@ -137,6 +143,7 @@ impl Namespace {
             tree: RwLock::new(tree),
             inodes: RwLock::new(inodes),
             next_ino: AtomicU64::new(ROOT_INO + 1),
+            journal: None,
         }
     }
 
@@ -204,13 +211,19 @@ impl Namespace {
             },
             new.target,
         ));
-        inode.meta().lookups = 1;
+        {
+            let mut m = inode.meta();
+            m.lookups = 1;
+            if self.journal.is_some() {
+                m.dirty_blocks = Some(Default::default());
+            }
+        }
         if is_dir {
             tree.insert(ino, Dir::new(parent));
         }
-        if let Some(d) = tree.get_mut(&parent) {
-            d.insert(name.to_os_string(), ino);
-        }
+        let cookie = tree
+            .get_mut(&parent)
+            .map_or(0, |d| d.insert(name.to_os_string(), ino));
         {
             let mut pm = parent_inode.meta();
             if is_dir {
@@ -218,6 +231,15 @@ impl Namespace {
             }
             pm.touch_mtime();
         }
+        self.log(|| {
+            let mut r = persist::inode_records(&inode.meta());
+            if is_dir {
+                r.push(Record::Dir { ino, parent });
+            }
+            r.push(persist::dir_add(parent, cookie, ino, name));
+            r.push(persist::attr_record(&parent_inode.meta().attr));
+            r
+        });
         self.inodes
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -249,8 +271,16 @@ impl Namespace {
             m.lookups += 1;
             m.touch_ctime();
         }
-        dir.insert(name.to_os_string(), ino);
-        self.get(parent)?.meta().touch_mtime();
+        let cookie = dir.insert(name.to_os_string(), ino);
+        let parent_inode = self.get(parent)?;
+        parent_inode.meta().touch_mtime();
+        self.log(|| {
+            vec![
+                persist::dir_add(parent, cookie, ino, name),
+                persist::attr_record(&inode.meta().attr),
+                persist::attr_record(&parent_inode.meta().attr),
+            ]
+        });
         Ok(inode)
     }
 
@@ -272,7 +302,15 @@ impl Namespace {
             m.attr.nlink = m.attr.nlink.saturating_sub(1);
             m.touch_ctime();
         }
-        self.get(parent)?.meta().touch_mtime();
+        let parent_inode = self.get(parent)?;
+        parent_inode.meta().touch_mtime();
+        self.log(|| {
+            vec![
+                persist::dir_remove(parent, name),
+                persist::attr_record(&inode.meta().attr),
+                persist::attr_record(&parent_inode.meta().attr),
+            ]
+        });
         Ok(inode)
     }
 
@@ -299,6 +337,14 @@ impl Namespace {
         let mut pm = parent_inode.meta();
         pm.attr.nlink = pm.attr.nlink.saturating_sub(1);
         pm.touch_mtime();
+        drop(pm);
+        self.log(|| {
+            vec![
+                persist::dir_remove(parent, name),
+                Record::InodeGone { ino },
+                persist::attr_record(&parent_inode.meta().attr),
+            ]
+        });
         Ok(inode)
     }
 
@@ -386,9 +432,9 @@ impl Namespace {
         if let Some(d) = tree.get_mut(&parent) {
             d.remove(name);
         }
-        if let Some(d) = tree.get_mut(&new_parent) {
-            d.insert(new_name.to_os_string(), src);
-        }
+        let cookie = tree
+            .get_mut(&new_parent)
+            .map_or(0, |d| d.insert(new_name.to_os_string(), src));
         if src_is_dir {
             if let Some(d) = tree.get_mut(&src) {
                 d.parent = new_parent;
@@ -406,6 +452,26 @@ impl Namespace {
         if new_parent != parent {
             self.get(new_parent)?.meta().touch_mtime();
         }
+        self.log(|| {
+            let mut r = vec![persist::dir_remove(parent, name)];
+            if let Some(dst) = &replaced {
+                r.push(persist::dir_remove(new_parent, new_name));
+                r.push(if src_is_dir {
+                    Record::InodeGone { ino: dst.ino }
+                } else {
+                    persist::attr_record(&dst.meta().attr)
+                });
+            }
+            r.push(persist::dir_add(new_parent, cookie, src, new_name));
+            if src_is_dir {
+                r.push(Record::Dir {
+                    ino: src,
+                    parent: new_parent,
+                });
+            }
+            r.extend(self.attr_records(&[src, parent, new_parent]));
+            r
+        });
         Ok(replaced)
     }
 
@@ -418,10 +484,13 @@ impl Namespace {
         if a == b {
             return Ok(());
         }
+        let mut records = Vec::new();
         for (p, n, i) in [(pa, na, b), (pb, nb, a)] {
             if let Some(d) = tree.get_mut(&p) {
                 d.remove(n);
-                d.insert(n.to_os_string(), i);
+                let cookie = d.insert(n.to_os_string(), i);
+                records.push(persist::dir_remove(p, n));
+                records.push(persist::dir_add(p, cookie, i, n));
             }
         }
         let a_dir = tree.contains_key(&a);
@@ -446,6 +515,15 @@ impl Namespace {
         for p in [pa, pb] {
             self.get(p)?.meta().touch_mtime();
         }
+        self.log(|| {
+            for (i, p) in [(a, pb), (b, pa)] {
+                if tree.contains_key(&i) {
+                    records.push(Record::Dir { ino: i, parent: p });
+                }
+            }
+            records.extend(self.attr_records(&[a, b, pa, pb]));
+            records
+        });
         Ok(())
     }
 
@@ -505,6 +583,9 @@ impl Namespace {
                 .write()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&ino);
+            if let Some(j) = &self.journal {
+                j.forgotten(ino);
+            }
             return Some(inode);
         }
         None
@@ -525,6 +606,8 @@ impl Namespace {
             .collect()
     }
 }
+
+mod persist;
 
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,7 @@
 #
 # and it runs each test binary in turn (libtest, one test at a time, captured output
 # shown; with FILTER only the tests whose names contain it) with the environment the harness and common/tests/fabric.rs read:
-# RMEMFS_TRANSPORT, RMEMFS_BIN_DIR (memnode, fsd and fabricbench are in /usr/local/bin),
+# RMEMFS_TRANSPORT, RMEMFS_BIN_DIR (memnode, fsd, rmemfs and fabricbench are in /usr/local/bin),
 # RMEMFS_TEST_OP_TIMEOUT (fsd's --op-timeout) and RMEMFS_TEST_HOST (where test servers
 # and memnodes listen: rxe0's IPv4 address, since RoCE cannot reach loopback).
 # Around each binary it prints `E2E-BEGIN NAME` and `E2E-END NAME rc=N seconds=S`;

@@ -137,10 +137,10 @@ for wanted_name in "${wanted[@]}"; do
 done
 
 # ---------------------------------------------------------------------------------
-# The guest: memnode, fsd and fabricbench in /usr/local/bin, test binaries at their
+# The guest: memnode, fsd, rmemfs and fabricbench in /usr/local/bin, test binaries at their
 # host paths.
 adds=(--strip --add "$target/release/memnode:/usr/local/bin/" --add "$target/release/fsd:/usr/local/bin/"
-    --add "$target/release/fabricbench:/usr/local/bin/")
+    --add "$target/release/fabricbench:/usr/local/bin/" --add "$target/release/rmemfs:/usr/local/bin/")
 for spec in "${specs[@]}"; do
     path="${spec#*=}"
     adds+=(--add "${path%@*}")

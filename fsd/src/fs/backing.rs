@@ -47,6 +47,7 @@ impl RmemFs {
         let live = self.remote.live_copies(&entry.loc);
         let want = self.remote.copies_possible();
         let mut restored = 0;
+        let mut changed = false;
         if live < want || live < entry.loc.len() {
             let added = self
                 .remote
@@ -54,7 +55,15 @@ impl RmemFs {
             if entry.written {
                 restored = added;
             }
+            changed = true;
         }
+        if changed {
+            m.block_changed(key.1);
+            drop(m);
+            self.changed(&inode);
+            m = inode.meta();
+        }
+        let entry = m.blocks.get_mut(&key.1)?;
         if entry.loc.is_empty() {
             return Some(Err(FsError::from(if self.remote.nodes_up() == 0 {
                 RemoteError::Lost
@@ -96,14 +105,23 @@ impl RmemFs {
             .filter(|(_, r)| r.is_err())
             .map(|(rep, _)| *rep)
             .collect();
-        if failed.is_empty() {
+        // The log learns of a block's first write-back and of lost copies.
+        let log_it = if failed.is_empty() {
+            let first = !entry.written;
             entry.written = true;
-            return true;
+            first
+        } else {
+            // A failed copy holds unknown bytes: it is no copy. Its block is not freed
+            // (a late write could still land in it); it goes with its memnode's epoch.
+            entry.loc.retain(|r| !failed.contains(r));
+            true
+        };
+        if log_it {
+            m.block_changed(key.1);
+            drop(m);
+            self.changed(&inode);
         }
-        // A failed copy holds unknown bytes: it is no copy. Its block is not freed (a
-        // late write could still land in it); it goes with its memnode's epoch.
-        entry.loc.retain(|r| !failed.contains(r));
-        false
+        failed.is_empty()
     }
 }
 

@@ -58,6 +58,7 @@ impl Cluster {
                 token: Vec::new(),
                 replicas,
                 watch_interval: Duration::from_millis(100),
+                volume: None,
             },
             connect,
         )

@@ -78,6 +78,7 @@ impl RmemFs {
                 m.touch_mtime();
             }
         }
+        self.changed(&inode);
         Ok(())
     }
 
@@ -139,13 +140,18 @@ impl RmemFs {
         }
         let freed: Vec<_> = {
             let mut m = inode.meta();
-            doomed
+            let freed = doomed
                 .iter()
                 .filter_map(|i| m.blocks.remove(i))
                 .map(|e| e.loc)
-                .collect()
+                .collect();
+            for &i in &doomed {
+                m.block_changed(i);
+            }
+            freed
         };
-        self.remote.free_blocks(freed);
+        self.changed(inode);
+        self.free_later(freed);
         Ok(())
     }
 

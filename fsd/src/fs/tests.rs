@@ -50,6 +50,7 @@ fn rig_of(memnode_size: u64, cache: u64, chunk: u64, block: u64, faults: Arc<Fau
             token: Vec::new(),
             replicas: 1,
             watch_interval: Duration::from_secs(1),
+            volume: None,
         },
         connect,
     )
@@ -597,3 +598,5 @@ fn a_sequential_writer_has_its_finished_blocks_written_behind_it() {
     r.fs.flush_all().unwrap();
     assert_eq!(r.fs.cache().dirty_pages(), 0);
 }
+
+mod volume;

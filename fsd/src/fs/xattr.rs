@@ -60,6 +60,8 @@ impl RmemFs {
         }
         m.xattrs.insert(name.to_os_string(), value.to_vec());
         m.touch_ctime();
+        drop(m);
+        self.changed(&inode);
         Ok(())
     }
 
@@ -89,6 +91,8 @@ impl RmemFs {
         let mut m = inode.meta();
         m.xattrs.remove(name).ok_or(FsError::NoAttribute)?;
         m.touch_ctime();
+        drop(m);
+        self.changed(&inode);
         Ok(())
     }
 }

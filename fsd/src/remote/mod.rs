@@ -23,10 +23,12 @@ mod pool;
 mod refill;
 mod watch;
 
+pub use node::VolumeSpec;
 use node::{LinkConfig, Node};
 pub use placement::{BlockLoc, Replica, MAX_REPLICAS};
 use rmemfs_common::control::{self, ControlError};
-use rmemfs_common::fabric::{Endpoint, FabricError, RdmaOp};
+use rmemfs_common::fabric::{Endpoint, FabricError, RdmaOp, RemoteAddr, MAX_DATA_OP};
+use rmemfs_common::protocol::Allocation;
 use rmemfs_common::size::format_size;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -45,6 +47,19 @@ pub enum RemoteError {
     Control { node: String, error: ControlError },
     #[error("no copy of the block is left: the memnodes that held it were lost")]
     Lost,
+}
+
+impl RemoteError {
+    /// True when a memnode refused this fsd because another one took its volume over:
+    /// a control call answered `Fenced`, or a one-sided access was refused (the
+    /// takeover revoked every rkey this fsd had).
+    pub fn is_fenced(&self) -> bool {
+        match self {
+            RemoteError::Control { error, .. } => error.is_fenced(),
+            RemoteError::Fabric { error, .. } => matches!(error, FabricError::RemoteAccess { .. }),
+            _ => false,
+        }
+    }
 }
 
 /// Opens one connection to a memnode (backend-specific) for a client id; used for
@@ -84,6 +99,9 @@ pub struct RemoteConfig {
     pub replicas: usize,
     /// How often each memnode gets a heartbeat (or, while down, a reconnect attempt).
     pub watch_interval: Duration,
+    /// The durable volume to open on every memnode (`None`: scratch memory, given
+    /// back when fsd disconnects).
+    pub volume: Option<VolumeSpec>,
 }
 
 /// Every memnode this fsd uses.
@@ -125,11 +143,29 @@ impl RemoteStore {
             client_id: cfg.client_id,
             token: cfg.token.clone(),
             block_size: cfg.block_size,
+            volume: cfg.volume.clone(),
         });
         let mut nodes = Vec::new();
         for name in memnodes {
-            let node = Node::connect(name, &link_cfg, connector.as_ref())?;
+            let node = match Node::connect(name, &link_cfg, connector.as_ref()) {
+                Ok(node) => node,
+                // A volume's data has copies elsewhere: a memnode that is away is
+                // a lost copy, as when one goes down later. (A refusal is not: the
+                // volume is held by another fsd, or the token is wrong.)
+                Err(e @ (RemoteError::Fabric { .. } | RemoteError::NodeDown { .. }))
+                    if cfg.volume.is_some() && memnodes.len() > 1 =>
+                {
+                    Node::unreachable(name, &link_cfg, e.to_string())
+                }
+                Err(e) => return Err(e),
+            };
             nodes.push(Arc::new(node));
+        }
+        if !nodes.iter().any(|n| n.is_up()) {
+            return Err(RemoteError::NodeDown {
+                node: memnodes.join(", "),
+                reason: "no memnode answered".into(),
+            });
         }
         let chunk_size = cfg.chunk_size.max(cfg.block_size);
         // Half a chunk's worth of blocks left: time to ask for the next chunk.
@@ -499,6 +535,141 @@ impl RemoteStore {
         (total / r, free / r)
     }
 
+    /// The memnode name of node `idx` (as given on the command line).
+    pub fn node_name(&self, idx: usize) -> &str {
+        self.nodes.get(idx).map_or("?", |n| n.name.as_str())
+    }
+
+    /// Node `idx`'s link epoch and memnode id, while it is up.
+    pub fn node_identity(&self, idx: usize) -> Option<(u32, u64)> {
+        self.nodes.get(idx)?.identity()
+    }
+
+    /// The root chunk of the volume on node `idx`, while it is up.
+    pub fn volume_root(&self, idx: usize) -> Option<Allocation> {
+        let link = self.nodes.get(idx)?.link().ok()?;
+        link.volume.map(|v| v.root)
+    }
+
+    /// Every chunk (but the root) of the volume on node `idx`.
+    pub fn volume_chunks(&self, idx: usize) -> Result<Vec<Allocation>, RemoteError> {
+        let node = self.nodes.get(idx).ok_or(RemoteError::Lost)?;
+        let link = node.link()?;
+        control::volume_chunks(link.control()).map_err(|e| node.control_error(link.epoch, e))
+    }
+
+    /// A new chunk of `bytes` on node `idx`, outside the block pools (metadata).
+    pub fn alloc_chunk(&self, idx: usize, bytes: u64) -> Result<Allocation, RemoteError> {
+        let node = self.nodes.get(idx).ok_or(RemoteError::Lost)?;
+        let link = node.link()?;
+        let a = control::alloc(link.control(), bytes).map_err(|e| {
+            if e.is_no_space() {
+                RemoteError::NoSpace
+            } else {
+                node.control_error(link.epoch, e)
+            }
+        })?;
+        self.counters.chunk_allocs.fetch_add(1, Ordering::Relaxed);
+        Ok(a)
+    }
+
+    /// Gives a chunk of node `idx` back to its memnode (in the node's current epoch).
+    pub fn free_chunk_of(&self, idx: usize, chunk: Allocation) {
+        if let Some(node) = self.nodes.get(idx) {
+            if let Some((epoch, _)) = node.identity() {
+                self.free_chunk(node, epoch, chunk.addr, chunk.rkey);
+            }
+        }
+    }
+
+    /// Gives back the volume's chunk at `addr` on node `idx`, whatever rkey it has
+    /// now (a link of a later epoch opened the volume again and got new ones).
+    pub fn free_volume_chunk_at(&self, idx: usize, addr: u64) {
+        match self.volume_chunks(idx) {
+            Ok(chunks) => {
+                if let Some(c) = chunks.into_iter().find(|c| c.addr == addr) {
+                    self.free_chunk_of(idx, c);
+                }
+            }
+            Err(e) => log::warn!("cannot list the volume's chunks: {e}"),
+        }
+    }
+
+    /// Hands a chunk of the volume to node `idx`'s block pool, with the blocks at
+    /// `used` (addresses) already taken.
+    pub fn adopt_chunk(
+        &self,
+        idx: usize,
+        chunk: Allocation,
+        used: &std::collections::BTreeSet<u64>,
+    ) {
+        if let Some(node) = self.nodes.get(idx) {
+            lock(&node.pool).blocks.add_chunk_in_use(chunk, used);
+        }
+    }
+
+    /// A copy at `remote` on node `idx`, of the node's current epoch.
+    pub fn replica_at(&self, idx: usize, remote: RemoteAddr) -> Option<Replica> {
+        let (epoch, _) = self.node_identity(idx)?;
+        Some(Replica {
+            node: u16::try_from(idx).ok()?,
+            epoch,
+            remote,
+        })
+    }
+
+    /// Reads `buf.len()` bytes at `remote` on node `idx` (in pieces the fabric takes).
+    pub fn read_at(
+        &self,
+        idx: usize,
+        remote: RemoteAddr,
+        buf: &mut [u8],
+    ) -> Result<(), RemoteError> {
+        let replica = self.replica_at(idx, remote).ok_or(RemoteError::Lost)?;
+        let ops = buf
+            .chunks_mut(MAX_DATA_OP)
+            .enumerate()
+            .map(|(k, piece)| CopyOp {
+                replica,
+                op: RdmaOp::Read {
+                    local: piece,
+                    remote: remote.offset(k * MAX_DATA_OP),
+                },
+            })
+            .collect();
+        self.post(ops).into_iter().collect()
+    }
+
+    /// Writes `buf` at `remote` on node `idx` (in pieces the fabric takes).
+    pub fn write_at(&self, idx: usize, remote: RemoteAddr, buf: &[u8]) -> Result<(), RemoteError> {
+        let replica = self.replica_at(idx, remote).ok_or(RemoteError::Lost)?;
+        let ops = buf
+            .chunks(MAX_DATA_OP)
+            .enumerate()
+            .map(|(k, piece)| CopyOp {
+                replica,
+                op: RdmaOp::Write {
+                    local: piece,
+                    remote: remote.offset(k * MAX_DATA_OP),
+                },
+            })
+            .collect();
+        self.post(ops).into_iter().collect()
+    }
+
+    /// Releases the volume on every memnode that is up (unmount): its chunks stay.
+    pub fn close_volume(&self) {
+        for node in &self.nodes {
+            let Ok(link) = node.link() else { continue };
+            if link.volume.is_none() {
+                continue;
+            }
+            if let Err(e) = control::volume_close(link.control()) {
+                log::warn!("closing the volume: {}", node.control_error(link.epoch, e));
+            }
+        }
+    }
+
     /// Gives every chunk back to the memnodes (at unmount).
     pub fn release_all(&self) {
         for node in &self.nodes {
@@ -560,6 +731,7 @@ mod tests {
                 token: Vec::new(),
                 replicas: 1,
                 watch_interval: Duration::from_secs(1),
+                volume: None,
             },
             connect,
         )

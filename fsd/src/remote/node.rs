@@ -13,7 +13,7 @@ use super::placement::Replica;
 use super::pool::BlockPool;
 use super::refill::Refill;
 use super::{lock, Connector, RemoteError};
-use rmemfs_common::control::{self, ControlError};
+use rmemfs_common::control::{self, ControlError, VolumeInfo};
 use rmemfs_common::fabric::{Endpoint, FabricError};
 use rmemfs_common::size::format_size;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -27,6 +27,18 @@ pub(super) struct LinkConfig {
     pub client_id: u64,
     pub token: Vec<u8>,
     pub block_size: u64,
+    /// The durable volume every link opens (`None`: scratch memory).
+    pub volume: Option<VolumeSpec>,
+}
+
+/// Which volume to open on each memnode, and how.
+#[derive(Debug, Clone)]
+pub struct VolumeSpec {
+    pub name: String,
+    /// Create it where it does not exist.
+    pub create: bool,
+    /// Take it over from a holder still alive (first link only).
+    pub takeover: bool,
 }
 
 /// The connections of one epoch to a memnode.
@@ -34,6 +46,10 @@ pub(super) struct Link {
     pub epoch: u32,
     endpoints: Vec<Box<dyn Endpoint>>,
     next: AtomicUsize,
+    /// The memnode's id (a memnode restarted empty has a new one).
+    pub node_id: u64,
+    /// The volume opened on this link, with its root chunk.
+    pub volume: Option<VolumeInfo>,
 }
 
 impl Link {
@@ -48,6 +64,7 @@ impl Link {
         let client_id = cfg.client_id.wrapping_add(epoch as u64);
         let mut endpoints = Vec::new();
         let mut capacity = 0;
+        let mut node_id = 0;
         for _ in 0..cfg.connections.max(1) {
             let ep = connector(name, client_id).map_err(|error| RemoteError::Fabric {
                 node: name.to_string(),
@@ -60,12 +77,29 @@ impl Link {
                 }
             })?;
             capacity = welcome.capacity;
+            node_id = welcome.node_id;
             endpoints.push(ep);
         }
+        let volume = match &cfg.volume {
+            None => None,
+            Some(v) => {
+                let takeover = v.takeover && epoch == 0;
+                let control = endpoints[endpoints.len() - 1].as_ref();
+                let info = control::volume_open(control, &v.name, v.create, takeover).map_err(
+                    |error| RemoteError::Control {
+                        node: name.to_string(),
+                        error,
+                    },
+                )?;
+                Some(info)
+            }
+        };
         let link = Link {
             epoch,
             endpoints,
             next: AtomicUsize::new(0),
+            node_id,
+            volume,
         };
         Ok((link, capacity))
     }
@@ -157,6 +191,35 @@ impl Node {
             full: AtomicBool::new(false),
             refill: Refill::default(),
         })
+    }
+
+    /// A node that could not be reached: down from the start, reconnected by its
+    /// watch thread when it answers (epoch 1 on).
+    pub fn unreachable(name: &str, cfg: &LinkConfig, reason: String) -> Node {
+        log::error!("memnode {name} is down: {reason}; its copies count as lost");
+        Node {
+            name: name.to_string(),
+            state: Mutex::new(State {
+                link: None,
+                epoch: 0,
+                down: Some(reason),
+            }),
+            pool: Mutex::new(NodePool {
+                epoch: 0,
+                blocks: BlockPool::new(cfg.block_size),
+            }),
+            full: AtomicBool::new(false),
+            refill: Refill::default(),
+        }
+    }
+
+    /// The link's epoch and memnode id while up.
+    pub fn identity(&self) -> Option<(u32, u64)> {
+        let s = lock(&self.state);
+        match (&s.link, &s.down) {
+            (Some(l), None) => Some((l.epoch, l.node_id)),
+            _ => None,
+        }
     }
 
     /// The current link, or why there is none.

@@ -78,6 +78,31 @@ impl BlockPool {
         );
     }
 
+    /// Adds a chunk of which the blocks at addresses `used` are already taken (a
+    /// volume's chunk, adopted at mount).
+    pub fn add_chunk_in_use(&mut self, alloc: Allocation, used: &std::collections::BTreeSet<u64>) {
+        let blocks = (alloc.len / self.block_size) as u32;
+        if blocks == 0 {
+            return;
+        }
+        let free: Vec<u32> = (0..blocks)
+            .rev()
+            .filter(|&i| !used.contains(&(alloc.addr + i as u64 * self.block_size)))
+            .collect();
+        self.free_blocks += free.len() as u64;
+        if !free.is_empty() {
+            self.with_space.insert(alloc.addr);
+        }
+        self.chunks.insert(
+            alloc.addr,
+            Chunk {
+                alloc,
+                free,
+                blocks,
+            },
+        );
+    }
+
     /// Returns a block to its chunk. Returns chunks that should now be given back to
     /// the memnode (entirely free, beyond the one spare kept). A block this pool does
     /// not know is ignored (and reported by the `false`).

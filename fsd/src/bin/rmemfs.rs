@@ -1,0 +1,317 @@
+//! `rmemfs`: volume administration without a mount.
+//!
+//! - `rmemfs volume list --memnode A`: the volumes a memnode holds.
+//! - `rmemfs volume destroy NAME --memnode A [--memnode B ...]`: frees a volume.
+//! - `rmemfs fsck NAME --memnode A [--memnode B ...]`: walks a volume offline and
+//!   reports inconsistencies and leaked chunks (exit 0 clean, 1 problems found, 2 the
+//!   volume cannot be read).
+
+use clap::{Parser, Subcommand};
+use fsd::remote::{Connector, RemoteConfig, RemoteStore, VolumeSpec};
+use fsd::volume::admin::{self, FsckReport};
+use rmemfs_common::control::{self, random_id};
+use rmemfs_common::fabric::{self, Endpoint, Transport};
+use rmemfs_common::size::{format_size, parse_size};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rmemfs",
+    version,
+    about = "Administer rmemfs volumes on memnodes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Args)]
+struct Remote {
+    /// A memnode, HOST:PORT; repeat for every memnode of the volume.
+    #[arg(long = "memnode", value_name = "HOST:PORT", required = true)]
+    memnodes: Vec<String>,
+    /// Token presented to memnodes (also from RMEMFS_TOKEN).
+    #[arg(long, env = "RMEMFS_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Fabric to the memnodes: verbs, tcp, or auto.
+    #[arg(long, default_value = "auto", value_parser = clap::value_parser!(Transport))]
+    transport: Transport,
+    /// Seconds a remote operation may take.
+    #[arg(long, default_value_t = 5.0)]
+    op_timeout: f64,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List or destroy volumes.
+    Volume {
+        #[command(subcommand)]
+        action: VolumeAction,
+    },
+    /// Check a volume offline (it must not be mounted): the namespace, every
+    /// block reference, and chunks nothing references.
+    Fsck {
+        /// The volume.
+        name: String,
+        #[command(flatten)]
+        remote: Remote,
+        /// The volume's block size (fsd's --block-size when it was made).
+        #[arg(long, default_value = "64K", value_parser = parse_size)]
+        block_size: u64,
+        /// Print one JSON object instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum VolumeAction {
+    /// The volumes each memnode holds.
+    List {
+        #[command(flatten)]
+        remote: Remote,
+        /// Print a JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Destroy a volume on every memnode named: its memory goes back to them.
+    Destroy {
+        name: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("rmemfs: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn timeout(r: &Remote) -> Duration {
+    Duration::from_secs_f64(r.op_timeout.clamp(0.001, 3600.0))
+}
+
+/// One authenticated control connection to `memnode`.
+fn connect(r: &Remote, memnode: &str) -> anyhow::Result<Box<dyn Endpoint>> {
+    use anyhow::Context;
+    let client = random_id();
+    let ep = fabric::connect(r.transport, memnode, client, timeout(r), Duration::ZERO)
+        .with_context(|| format!("connecting to memnode {memnode}"))?;
+    let token = r.token.clone().unwrap_or_default();
+    control::hello(ep.as_ref(), client, token.as_bytes())
+        .with_context(|| format!("memnode {memnode}"))?;
+    Ok(ep)
+}
+
+fn json_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Volume {
+            action: VolumeAction::List { remote, json },
+        } => {
+            let mut rows = Vec::new();
+            for m in &remote.memnodes {
+                let ep = connect(&remote, m)?;
+                for v in admin::list(ep.as_ref())? {
+                    rows.push((m.clone(), v));
+                }
+            }
+            if json {
+                let items: Vec<String> = rows
+                    .iter()
+                    .map(|(m, v)| {
+                        format!(
+                            "{{\"memnode\":{},\"name\":{},\"id\":{},\"bytes\":{},\"chunks\":{},\"holder\":{}}}",
+                            json_string(m),
+                            json_string(&String::from_utf8_lossy(&v.name)),
+                            v.volume_id,
+                            v.bytes,
+                            v.chunks,
+                            v.holder
+                        )
+                    })
+                    .collect();
+                println!("[{}]", items.join(","));
+            } else {
+                println!(
+                    "{:<24} {:<18} {:>10} {:>7} {:<18} MEMNODE",
+                    "NAME", "ID", "SIZE", "CHUNKS", "HOLDER"
+                );
+                for (m, v) in &rows {
+                    println!(
+                        "{:<24} {:<18} {:>10} {:>7} {:<18} {m}",
+                        String::from_utf8_lossy(&v.name),
+                        format!("{:#x}", v.volume_id),
+                        format_size(v.bytes),
+                        v.chunks,
+                        if v.holder == 0 {
+                            "-".to_string()
+                        } else {
+                            format!("{:#x}", v.holder)
+                        }
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Volume {
+            action: VolumeAction::Destroy { name, remote },
+        } => {
+            let mut missing = 0;
+            for m in &remote.memnodes {
+                let ep = connect(&remote, m)?;
+                match admin::destroy(ep.as_ref(), &name) {
+                    Ok(bytes) => {
+                        println!("{m}: destroyed volume {name}, {} freed", format_size(bytes))
+                    }
+                    Err(e) if e.is_not_found() => {
+                        missing += 1;
+                        println!("{m}: no volume {name}");
+                    }
+                    Err(e) => anyhow::bail!("memnode {m}: {e}"),
+                }
+            }
+            if missing == remote.memnodes.len() {
+                anyhow::bail!("no memnode holds a volume {name}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Fsck {
+            name,
+            remote,
+            block_size,
+            json,
+        } => fsck(&name, &remote, block_size, json),
+    }
+}
+
+fn fsck(name: &str, r: &Remote, block_size: u64, json: bool) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    let (transport, t) = (r.transport, timeout(r));
+    let connector: Arc<Connector> = Arc::new(move |peer: &str, client: u64| {
+        fabric::connect(transport, peer, client, t, Duration::ZERO)
+    });
+    let store = RemoteStore::connect(
+        &r.memnodes,
+        &RemoteConfig {
+            block_size,
+            chunk_size: block_size,
+            connections: 1,
+            client_id: random_id(),
+            token: r.token.clone().unwrap_or_default().into_bytes(),
+            replicas: 1,
+            watch_interval: Duration::from_secs(3600),
+            volume: Some(VolumeSpec {
+                name: name.to_string(),
+                create: false,
+                takeover: false,
+            }),
+        },
+        connector,
+    )
+    .with_context(|| format!("opening volume {name}"))?;
+    let result = admin::fsck(&store, name);
+    store.close_volume();
+    let report = match result {
+        Ok(Some(r)) => r,
+        Ok(None) => {
+            println!("volume {name} holds no metadata yet (never mounted)");
+            return Ok(ExitCode::SUCCESS);
+        }
+        Err(fsd::volume::VolumeError::BlockSize { stored, .. }) if stored as u64 != block_size => {
+            drop(store);
+            return fsck(name, r, stored as u64, json);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if json {
+        print_json(&report);
+    } else {
+        print_lines(&report);
+    }
+    let clean = report.problems.is_empty() && report.leaked_chunks == 0;
+    Ok(if clean {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn print_lines(r: &FsckReport) {
+    println!("generation: {}", r.generation);
+    println!("log entries: {}", r.log_entries);
+    println!("inodes: {}", r.inodes);
+    println!("orphans: {} (reclaimed at the next mount)", r.orphans);
+    println!("lost blocks: {}", r.lost_blocks);
+    println!("inconsistencies: {}", r.problems.len());
+    println!(
+        "leaked chunks: {} ({})",
+        r.leaked_chunks,
+        format_size(r.leaked_bytes)
+    );
+    for p in &r.problems {
+        println!("  problem: {p}");
+    }
+    for m in &r.metadata {
+        if let Some(p) = &m.problem {
+            println!("  metadata copy on {}: {p}", m.memnode);
+        }
+    }
+}
+
+fn print_json(r: &FsckReport) {
+    let area = |a: Option<(u64, u64)>| match a {
+        Some((addr, len)) => format!("{{\"addr\":{addr},\"len\":{len}}}"),
+        None => "null".into(),
+    };
+    let metadata: Vec<String> = r
+        .metadata
+        .iter()
+        .map(|m| {
+            format!(
+                "{{\"memnode\":{},\"superblock\":{},\"checkpoint\":{},\"log\":{},\"problem\":{}}}",
+                json_string(&m.memnode),
+                area(Some(m.superblock)),
+                area(m.checkpoint),
+                area(m.log),
+                m.problem.as_deref().map_or("null".into(), json_string)
+            )
+        })
+        .collect();
+    let problems: Vec<String> = r.problems.iter().map(|p| json_string(p)).collect();
+    println!(
+        "{{\"generation\":{},\"log_entries\":{},\"inodes\":{},\"orphans\":{},\"lost_blocks\":{},\"inconsistencies\":{},\"leaked_chunks\":{},\"leaked_bytes\":{},\"problems\":[{}],\"metadata\":[{}]}}",
+        r.generation,
+        r.log_entries,
+        r.inodes,
+        r.orphans,
+        r.lost_blocks,
+        r.problems.len(),
+        r.leaked_chunks,
+        r.leaked_bytes,
+        problems.join(","),
+        metadata.join(",")
+    );
+}

@@ -1,0 +1,434 @@
+//! Reading a volume's metadata back from the memnodes: the newest superblock, the
+//! best copy of its checkpoint and log, the replayed [`Image`], and which chunks and
+//! blocks it references. Used by mount and by the offline check.
+//!
+//! Which copy: among the memnodes whose superblock names the newest generation, the
+//! one whose checkpoint is intact and whose log replays furthest. A log whose valid
+//! entries stop before a later valid entry was damaged after it was written (a torn
+//! tail has nothing valid after it): that copy is not used. With no usable copy the
+//! mount fails with an error that says what is wrong with each.
+
+use super::format::{
+    decode_checkpoint, decode_records, scan_log, Area, Superblock, BLOCK_WRITTEN, SUPERBLOCK_SLOT,
+};
+use super::image::Image;
+use super::journal::Journal;
+use crate::inode::BlockEntry;
+use crate::namespace::Namespace;
+use crate::remote::{BlockLoc, RemoteError, RemoteStore};
+use rmemfs_common::fabric::RemoteAddr;
+use rmemfs_common::protocol::Allocation;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum VolumeError {
+    #[error("volume {volume}: {what}")]
+    Damaged { volume: String, what: String },
+    #[error(
+        "volume {volume} was made with {stored}-byte blocks; mount it with --block-size {stored}"
+    )]
+    BlockSize { volume: String, stored: u32 },
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
+    #[error("{0}")]
+    NoCopy(String),
+}
+
+/// A volume's metadata as read back.
+pub struct Loaded {
+    pub volume: String,
+    pub volume_id: u64,
+    pub generation: u64,
+    /// Sequence number the next log entry takes.
+    pub next_seq: u64,
+    pub image: Image,
+    pub log_entries: usize,
+    pub orphans: usize,
+    /// Written blocks none of whose copies is left.
+    pub lost_blocks: usize,
+    /// Member slot -> node index.
+    pub slots: HashMap<u16, usize>,
+    /// Per node index: the volume's chunks (root excluded), by address.
+    pub chunks: Vec<BTreeMap<u64, Allocation>>,
+    /// Chunks holding the loaded generation's metadata (node, chunk).
+    pub metadata: Vec<(usize, Allocation)>,
+    /// What each memnode's copy looked like (for fsck): node, superblock area,
+    /// checkpoint and log areas, and what was wrong with it.
+    pub copies: Vec<CopyReport>,
+}
+
+#[derive(Debug, Clone)]
+pub struct CopyReport {
+    pub node: usize,
+    pub superblock: Area,
+    pub checkpoint: Option<Area>,
+    pub log: Option<Area>,
+    pub problem: Option<String>,
+}
+
+fn damaged(volume: &str, what: impl Into<String>) -> VolumeError {
+    VolumeError::Damaged {
+        volume: volume.to_string(),
+        what: what.into(),
+    }
+}
+
+/// The newest valid superblock in a root chunk, or what is wrong with it.
+fn read_superblock(
+    remote: &RemoteStore,
+    node: usize,
+    root: Allocation,
+) -> Result<Option<Superblock>, String> {
+    let mut buf = vec![0u8; 2 * SUPERBLOCK_SLOT];
+    let at = RemoteAddr {
+        addr: root.addr,
+        rkey: root.rkey,
+    };
+    remote
+        .read_at(node, at, &mut buf)
+        .map_err(|e| e.to_string())?;
+    let a = Superblock::decode(&buf[..SUPERBLOCK_SLOT]);
+    let b = Superblock::decode(&buf[SUPERBLOCK_SLOT..]);
+    match (a, b) {
+        (Ok(a), Ok(b)) => Ok(match (a, b) {
+            (Some(a), Some(b)) => Some(if a.generation >= b.generation { a } else { b }),
+            (a, b) => a.or(b),
+        }),
+        (Ok(Some(s)), Err(_)) | (Err(_), Ok(Some(s))) => Ok(Some(s)),
+        (Err(e), _) | (_, Err(e)) => Err(format!("superblock damaged: {e}")),
+    }
+}
+
+/// Finds the chunk of `chunks` holding `[addr, addr + len)`.
+fn chunk_of(chunks: &BTreeMap<u64, Allocation>, addr: u64, len: u64) -> Option<Allocation> {
+    let (_, c) = chunks.range(..=addr).next_back()?;
+    (addr.checked_add(len)? <= c.addr + c.len).then_some(*c)
+}
+
+/// Reads the volume's metadata; `None` for a volume that was never written (no
+/// superblock anywhere).
+pub fn load(remote: &RemoteStore, volume: &str) -> Result<Option<Loaded>, VolumeError> {
+    let nodes = remote.node_count();
+    let mut supers: Vec<(usize, Superblock)> = Vec::new();
+    let mut copies = Vec::new();
+    let mut damaged_supers = Vec::new();
+    for node in 0..nodes {
+        let Some(root) = remote.volume_root(node) else {
+            continue;
+        };
+        let area = Area {
+            addr: root.addr,
+            len: 2 * SUPERBLOCK_SLOT as u64,
+        };
+        match read_superblock(remote, node, root) {
+            Ok(Some(sb)) => {
+                copies.push(CopyReport {
+                    node,
+                    superblock: area,
+                    checkpoint: sb.checkpoint.map(|(a, _)| a),
+                    log: sb.log,
+                    problem: None,
+                });
+                supers.push((node, sb));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                damaged_supers.push(format!("memnode {}: {e}", remote.node_name(node)));
+                copies.push(CopyReport {
+                    node,
+                    superblock: area,
+                    checkpoint: None,
+                    log: None,
+                    problem: Some(e),
+                });
+            }
+        }
+    }
+    let Some(newest) = supers.iter().map(|(_, s)| s.generation).max() else {
+        if damaged_supers.is_empty() {
+            return Ok(None);
+        }
+        return Err(damaged(volume, damaged_supers.join("; ")));
+    };
+    let head = supers
+        .iter()
+        .find(|(_, s)| s.generation == newest)
+        .map(|(_, s)| s.clone())
+        .unwrap_or_default();
+    if head.block_size as u64 != remote.block_size() {
+        return Err(VolumeError::BlockSize {
+            volume: volume.to_string(),
+            stored: head.block_size,
+        });
+    }
+    // Member slots to the nodes configured now, by memnode id.
+    let mut slots = HashMap::new();
+    for (slot, &id) in head.members.iter().enumerate() {
+        if id == 0 {
+            continue;
+        }
+        if let Some(node) =
+            (0..nodes).find(|&n| remote.node_identity(n).is_some_and(|(_, nid)| nid == id))
+        {
+            slots.insert(slot as u16, node);
+        }
+    }
+    // Every copy of the newest generation, best first.
+    let mut best: Option<(usize, Image, u64, usize)> = None;
+    let mut problems = damaged_supers;
+    for (node, sb) in supers.iter().filter(|(_, s)| s.generation == newest) {
+        let (Some((ck, ck_crc)), Some(log)) = (sb.checkpoint, sb.log) else {
+            continue;
+        };
+        match read_copy(remote, *node, ck, ck_crc, log, sb) {
+            Ok((image, next_seq, entries)) => {
+                if best.as_ref().is_none_or(|b| next_seq > b.2) {
+                    best = Some((*node, image, next_seq, entries));
+                }
+            }
+            Err(e) => {
+                log::warn!(
+                    "volume {volume}: the metadata copy on memnode {} is not usable: {e}",
+                    remote.node_name(*node)
+                );
+                if let Some(c) = copies.iter_mut().find(|c| c.node == *node) {
+                    c.problem = Some(e.clone());
+                }
+                problems.push(format!("memnode {}: {e}", remote.node_name(*node)));
+            }
+        }
+    }
+    let Some((from, mut image, next_seq, log_entries)) = best else {
+        return Err(damaged(
+            volume,
+            format!(
+                "no usable copy of its metadata (generation {newest}): {}",
+                if problems.is_empty() {
+                    "the memnodes that held it are gone".to_string()
+                } else {
+                    problems.join("; ")
+                }
+            ),
+        ));
+    };
+    log::info!(
+        "volume {volume}: generation {newest} from memnode {}, {log_entries} log entries",
+        remote.node_name(from)
+    );
+    let mut chunks = vec![BTreeMap::new(); nodes];
+    for (node, list) in chunks.iter_mut().enumerate() {
+        if remote.volume_root(node).is_none() {
+            continue;
+        }
+        for c in remote.volume_chunks(node)? {
+            list.insert(c.addr, c);
+        }
+    }
+    let mut metadata = Vec::new();
+    for (node, sb) in supers.iter().filter(|(_, s)| s.generation == newest) {
+        for area in sb.checkpoint.map(|(a, _)| a).into_iter().chain(sb.log) {
+            if let Some(c) = chunk_of(&chunks[*node], area.addr, area.len) {
+                metadata.push((*node, c));
+            }
+        }
+    }
+    let orphans = image.drop_orphans();
+    let mut loaded = Loaded {
+        volume: volume.to_string(),
+        volume_id: head.volume_id,
+        generation: newest,
+        next_seq,
+        image,
+        log_entries,
+        orphans,
+        lost_blocks: 0,
+        slots,
+        chunks,
+        metadata,
+        copies,
+    };
+    loaded.lost_blocks = loaded.count_lost();
+    Ok(Some(loaded))
+}
+
+/// One memnode's checkpoint and log, replayed: the image, the next sequence number
+/// and how many log entries were applied.
+fn read_copy(
+    remote: &RemoteStore,
+    node: usize,
+    ck: Area,
+    ck_crc: u32,
+    log: Area,
+    sb: &Superblock,
+) -> Result<(Image, u64, usize), String> {
+    let read = |area: Area, what: &str| -> Result<Vec<u8>, String> {
+        // The rkey is the chunk's: find it among the volume's chunks. (A superblock
+        // names the area; inside a chunk, its length is bounded by the memnode's.)
+        let chunk = remote
+            .volume_chunks(node)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .find(|c| {
+                c.addr <= area.addr
+                    && area
+                        .addr
+                        .checked_add(area.len)
+                        .is_some_and(|end| end <= c.addr + c.len)
+            })
+            .ok_or(format!(
+                "{what} at {:#x} (+{}) is in no chunk of the volume",
+                area.addr, area.len
+            ))?;
+        let len = usize::try_from(area.len)
+            .map_err(|_| format!("{what} length {} is out of range", area.len))?;
+        let mut buf = vec![0u8; len];
+        let at = RemoteAddr {
+            addr: area.addr,
+            rkey: chunk.rkey,
+        };
+        remote
+            .read_at(node, at, &mut buf)
+            .map_err(|e| format!("reading the {what}: {e}"))?;
+        Ok(buf)
+    };
+    let ck_bytes = read(ck, "checkpoint")?;
+    if super::format::crc(&ck_bytes) != ck_crc {
+        return Err("checkpoint checksum mismatch".into());
+    }
+    let records =
+        decode_checkpoint(&ck_bytes, sb.generation).map_err(|e| format!("checkpoint: {e}"))?;
+    let mut image = Image::default();
+    for r in records {
+        image.apply(r);
+    }
+    let log_bytes = read(log, "log")?;
+    let scan = scan_log(&log_bytes, sb.first_seq);
+    if let Some(at) = scan.damaged_at {
+        return Err(format!(
+            "log damaged at offset {at}: valid entries follow an invalid one"
+        ));
+    }
+    let entries = scan.entries.len();
+    for e in &scan.entries {
+        let records = decode_records(e.body).map_err(|err| {
+            format!(
+                "log entry {} has a valid checksum but does not decode: {err}",
+                e.seq
+            )
+        })?;
+        for r in records {
+            image.apply(r);
+        }
+    }
+    Ok((image, sb.first_seq + entries as u64, entries))
+}
+
+impl Loaded {
+    /// Resolves a stored block's copies on the memnodes configured now: a copy
+    /// whose member is gone, or whose address is in no chunk of the volume there,
+    /// is a lost copy.
+    fn resolve(&self, remote: &RemoteStore, b: &super::format::StoredBlock) -> BlockLoc {
+        let mut loc = BlockLoc::default();
+        for c in &b.copies {
+            let Some(&node) = self.slots.get(&c.slot) else {
+                continue;
+            };
+            let Some(chunk) = chunk_of(&self.chunks[node], c.addr, b.alloc_len as u64) else {
+                continue;
+            };
+            let remote_addr = RemoteAddr {
+                addr: c.addr,
+                rkey: chunk.rkey,
+            };
+            if let Some(r) = remote.replica_at(node, remote_addr) {
+                loc.push(r);
+            }
+        }
+        loc
+    }
+
+    fn count_lost(&self) -> usize {
+        self.image
+            .inodes
+            .values()
+            .flat_map(|i| i.blocks.values())
+            .filter(|b| {
+                b.flags & BLOCK_WRITTEN != 0
+                    && !b.copies.iter().any(|c| {
+                        self.slots.get(&c.slot).is_some_and(|&n| {
+                            chunk_of(&self.chunks[n], c.addr, b.alloc_len as u64).is_some()
+                        })
+                    })
+            })
+            .count()
+    }
+
+    /// Block addresses in use, per node.
+    pub fn used(&self) -> Vec<BTreeSet<u64>> {
+        let mut used = vec![BTreeSet::new(); self.chunks.len()];
+        for (_, _, c) in self.image.copies() {
+            if let Some(&node) = self.slots.get(&c.slot) {
+                used[node].insert(c.addr);
+            }
+        }
+        used
+    }
+
+    /// Chunks of the volume that hold neither metadata nor a block in use.
+    pub fn leaked(&self) -> Vec<(usize, Allocation)> {
+        let used = self.used();
+        let mut out = Vec::new();
+        for (node, chunks) in self.chunks.iter().enumerate() {
+            for c in chunks.values() {
+                let meta = self
+                    .metadata
+                    .iter()
+                    .any(|(n, m)| *n == node && m.addr == c.addr);
+                let holds = used[node].range(c.addr..c.addr + c.len).next().is_some();
+                if !meta && !holds {
+                    out.push((node, *c));
+                }
+            }
+        }
+        out
+    }
+
+    /// Gives back the chunks nothing references and hands the others to the block
+    /// pools (mount). Returns how many chunks were given back.
+    pub fn reclaim(&self, remote: &RemoteStore) -> usize {
+        let leaked = self.leaked();
+        for &(node, c) in &leaked {
+            remote.free_chunk_of(node, c);
+        }
+        let used = self.used();
+        let bs = remote.block_size();
+        for (node, chunks) in self.chunks.iter().enumerate() {
+            for c in chunks.values() {
+                let meta = self
+                    .metadata
+                    .iter()
+                    .any(|(n, m)| *n == node && m.addr == c.addr);
+                let is_leaked = leaked.iter().any(|(n, l)| *n == node && l.addr == c.addr);
+                if meta || is_leaked || c.len < bs {
+                    continue;
+                }
+                remote.adopt_chunk(node, *c, &used[node]);
+            }
+        }
+        leaked.len()
+    }
+
+    /// The live namespace (after [`Loaded::reclaim`]).
+    pub fn into_namespace(self, remote: &RemoteStore, journal: Arc<Journal>) -> Namespace {
+        // A written block with no copy left keeps its entry: reading it fails (EIO)
+        // rather than returning zeros as if it were a hole.
+        Namespace::from_image(self.image.clone(), journal, &|b| {
+            Some(BlockEntry {
+                loc: self.resolve(remote, b),
+                written: b.flags & BLOCK_WRITTEN != 0,
+            })
+        })
+    }
+}

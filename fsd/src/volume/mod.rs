@@ -1,0 +1,497 @@
+//! Durable volumes: the filesystem's metadata kept in the memnodes' memory beside its
+//! data, so unmounting, restarting or killing fsd loses nothing that was synced.
+//!
+//! # Layout
+//!
+//! A volume is a named set of chunks on every memnode (the memnodes keep them across
+//! disconnects until the volume is destroyed; see memnode's `volumes.rs`). Each
+//! memnode's copy has a **root chunk** the memnode hands out when the volume is
+//! opened: the well-known place. It holds two superblock slots, written alternately
+//! (generation parity), so a torn superblock write leaves the other slot valid. A
+//! superblock names the current **generation**, the memnode ids of the member slots
+//! (a block's copies are stored as slot + address), and, on the R memnodes that hold
+//! the metadata, where this memnode's **checkpoint** and **log** are.
+//!
+//! ```text
+//!  root chunk: [superblock A | superblock B] -> checkpoint -> log -> data chunks
+//! ```
+//!
+//! # Why a log of states plus checkpoints
+//!
+//! Rewriting the namespace per operation costs its size per operation; a log costs
+//! what changed. The log is append-only, written with one-sided WRITEs at its tail on
+//! every metadata copy. Its records are states ("inode 7's attributes are now X",
+//! "block 3 of inode 7 is at these copies"), not deltas, except directory entries:
+//! so the write path only marks an inode dirty (one atomic flag) and a commit writes
+//! the dirty inodes' current state, while structural changes (create, rename, ...)
+//! are appended whole, one entry each, under the namespace's tree lock: an entry is
+//! replayed whole or not at all (crc32c and sequence number per entry). When the log
+//! fills, and at every mount and unmount, a **checkpoint** writes the whole namespace
+//! to fresh chunks and a new generation starts with an empty log; the old one's
+//! chunks are freed once every superblock points at the new one.
+//!
+//! # What is durable when
+//!
+//! A commit (fsync, fdatasync, fsync of a directory, the periodic flusher, unmount)
+//! first writes back the data (the cache), then writes the log: so a block the log
+//! calls written holds its bytes. A block freed is reused only after the commit that
+//! records it free (`journal.rs`): a crash can never bring back a file whose block now
+//! holds another file's bytes. After a crash, mounting replays the newest generation's
+//! longest valid log; inodes nobody names (deleted while open) are dropped, and
+//! chunks nothing references are given back.
+//!
+//! The allocator's state is not logged: it is what the memnodes list as the volume's
+//! chunks, less the blocks the namespace references, worked out at mount.
+//!
+//! # One writer
+//!
+//! The memnodes let one client hold a volume at a time (a lease kept alive by fsd's
+//! heartbeats); taking it over re-registers every chunk under new rkeys, so the old
+//! holder's WRITEs fail like a NIC's remote access errors: it is fenced.
+
+pub mod admin;
+pub mod format;
+pub mod image;
+pub mod journal;
+mod load;
+
+use crate::inode::{BlockEntry, Ino};
+use crate::namespace::Namespace;
+use crate::remote::{BlockLoc, RemoteError, RemoteStore};
+use format::{
+    encode_checkpoint, encode_entry, encode_records, Area, Record, StoredBlock, StoredCopy,
+    Superblock, BLOCK_WRITTEN, SUPERBLOCK_SLOT,
+};
+use journal::Journal;
+pub use load::{Loaded, VolumeError};
+use rmemfs_common::fabric::RemoteAddr;
+use rmemfs_common::protocol::Allocation;
+use rmemfs_common::size::format_size;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Bytes of each metadata copy's log: when a commit does not fit, a checkpoint
+/// starts a new generation instead.
+pub const LOG_BYTES: u64 = 8 << 20;
+
+/// Where one memnode holds this generation's checkpoint and log.
+#[derive(Debug, Clone, Copy)]
+struct MetaCopy {
+    node: usize,
+    checkpoint: Allocation,
+    log: Allocation,
+}
+
+struct State {
+    generation: u64,
+    /// Sequence number of the next log entry.
+    next_seq: u64,
+    /// Per node index: the (epoch, memnode id) that is its member slot this
+    /// generation; copies on other epochs are not stored (they are lost copies).
+    members: Vec<Option<(u32, u64)>>,
+    copies: Vec<MetaCopy>,
+    /// Bytes of the log written this generation.
+    tail: u64,
+    /// A commit failed or a copy was lost: the next commit is a checkpoint.
+    need_checkpoint: bool,
+}
+
+pub struct Volume {
+    name: String,
+    volume_id: u64,
+    remote: Arc<RemoteStore>,
+    journal: Arc<Journal>,
+    state: Mutex<State>,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+/// How the volume's metadata fared at mount.
+#[derive(Debug, Clone, Default)]
+pub struct MountReport {
+    pub created: bool,
+    pub generation: u64,
+    pub inodes: usize,
+    pub log_entries: usize,
+    pub orphans: usize,
+    pub reclaimed_chunks: usize,
+    pub lost_blocks: usize,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A block entry as stored: its copies on this generation's members only.
+fn encode_block(
+    members: &[Option<(u32, u64)>],
+    block_size: u64,
+    ino: Ino,
+    index: u64,
+    e: &BlockEntry,
+) -> Record {
+    let copies = e
+        .loc
+        .replicas()
+        .iter()
+        .filter(|r| {
+            members
+                .get(r.node as usize)
+                .copied()
+                .flatten()
+                .is_some_and(|(epoch, _)| epoch == r.epoch)
+        })
+        .map(|r| StoredCopy {
+            slot: r.node,
+            addr: r.remote.addr,
+        })
+        .collect();
+    Record::Block(StoredBlock {
+        ino,
+        index,
+        flags: if e.written { BLOCK_WRITTEN } else { 0 },
+        alloc_len: block_size as u32,
+        crc: 0,
+        copies,
+    })
+}
+
+impl Volume {
+    /// Opens the volume the memnodes of `remote` hold (it was opened on each by
+    /// `RemoteStore::connect`): loads and replays its metadata, reclaims what nothing
+    /// references, and starts a new generation. Returns the namespace to serve.
+    pub fn mount(
+        name: &str,
+        remote: Arc<RemoteStore>,
+        owner: (u32, u32),
+    ) -> Result<(Arc<Volume>, Namespace, MountReport), VolumeError> {
+        let journal = Arc::new(Journal::default());
+        let loaded = load::load(&remote, name)?;
+        let mut report = MountReport::default();
+        let (ns, volume_id, generation, next_seq, old) = match loaded {
+            None if remote.nodes_up() < remote.node_count() => {
+                // The memnodes that answered hold no metadata of it; the ones away
+                // may: a new empty volume here could hide the real one.
+                return Err(VolumeError::NoCopy(format!(
+                    "volume {name} has no metadata on the memnodes that answered and {} \
+                     memnode(s) are down: not creating it anew",
+                    remote.node_count() - remote.nodes_up()
+                )));
+            }
+            None => {
+                report.created = true;
+                let ns = Namespace::new_logged(owner.0, owner.1, journal.clone());
+                let id = rmemfs_common::control::random_id();
+                (ns, id, 0, 1, Vec::new())
+            }
+            Some(l) => {
+                report.generation = l.generation;
+                report.log_entries = l.log_entries;
+                report.orphans = l.orphans;
+                report.lost_blocks = l.lost_blocks;
+                report.reclaimed_chunks = l.reclaim(&remote);
+                report.inodes = l.image.inodes.len();
+                let old = l.metadata.clone();
+                let (generation, next_seq, volume_id) = (l.generation, l.next_seq, l.volume_id);
+                let ns = l.into_namespace(&remote, journal.clone());
+                (ns, volume_id, generation, next_seq, old)
+            }
+        };
+        let volume = Arc::new(Volume {
+            name: name.to_string(),
+            volume_id,
+            remote: remote.clone(),
+            journal,
+            state: Mutex::new(State {
+                generation,
+                next_seq,
+                members: Vec::new(),
+                copies: Vec::new(),
+                tail: 0,
+                need_checkpoint: true,
+            }),
+            closed: Default::default(),
+        });
+        // A new generation at once: metadata back to R copies on the memnodes up
+        // now, a fresh log, and the old generation's chunks given back.
+        {
+            let mut st = lock(&volume.state);
+            volume.checkpoint_locked(&mut st, &ns, Vec::new())?;
+            report.generation = st.generation;
+        }
+        for (node, area) in old {
+            remote.free_chunk_of(node, area);
+        }
+        Ok((volume, ns, report))
+    }
+
+    /// True the first time only: the caller shuts the volume down.
+    pub fn close(&self) -> bool {
+        !self.closed.swap(true, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn journal(&self) -> &Arc<Journal> {
+        &self.journal
+    }
+
+    /// Blocks freed by the filesystem: given back after the next commit.
+    pub fn defer_free(&self, blocks: impl IntoIterator<Item = BlockLoc>) {
+        self.journal.defer_free(blocks);
+    }
+
+    /// Makes every change so far durable (the caller wrote the data back first).
+    pub fn commit(&self, ns: &Namespace) -> Result<(), VolumeError> {
+        let mut st = lock(&self.state);
+        let frees = self.journal.take_frees();
+        if st.need_checkpoint || self.membership_changed(&st) {
+            return self.checkpoint_locked(&mut st, ns, frees);
+        }
+        let bs = self.remote.block_size();
+        let members = st.members.clone();
+        let (entries, dirty) = ns.commit_records(|| self.journal.take(), &|ino, idx, e| {
+            encode_block(&members, bs, ino, idx, e)
+        });
+        let mut bytes = Vec::new();
+        let mut seq = st.next_seq;
+        for e in entries.iter().map(encode_records) {
+            bytes.extend(encode_entry(seq, &e));
+            seq += 1;
+        }
+        if !dirty.is_empty() {
+            bytes.extend(encode_entry(seq, &encode_records(&dirty)));
+            seq += 1;
+        }
+        if bytes.is_empty() {
+            self.remote.free_blocks(frees);
+            return Ok(());
+        }
+        if st.tail + bytes.len() as u64 > LOG_BYTES {
+            // The log is full: the checkpoint covers what these entries say.
+            return self.checkpoint_locked(&mut st, ns, frees);
+        }
+        let mut written = 0;
+        for c in st.copies.clone() {
+            let at = RemoteAddr {
+                addr: c.log.addr + st.tail,
+                rkey: c.log.rkey,
+            };
+            match self.remote.write_at(c.node, at, &bytes) {
+                Ok(()) => written += 1,
+                Err(e) if e.is_fenced() => {
+                    log::error!(
+                        "volume {}: memnode {} refused the log: another fsd took the volume \
+                         over; this mount can no longer make anything durable",
+                        self.name,
+                        self.remote.node_name(c.node)
+                    );
+                    st.need_checkpoint = true;
+                }
+                Err(e) => {
+                    log::warn!(
+                        "volume {}: log copy on memnode {} failed: {e}",
+                        self.name,
+                        self.remote.node_name(c.node)
+                    );
+                    st.need_checkpoint = true;
+                }
+            }
+        }
+        if written == 0 {
+            // Nothing durable: the next commit writes everything as a checkpoint.
+            st.need_checkpoint = true;
+            self.journal.return_frees(frees);
+            return Err(VolumeError::NoCopy(format!(
+                "no memnode took the log of volume {}",
+                self.name
+            )));
+        }
+        st.tail += bytes.len() as u64;
+        st.next_seq = seq;
+        drop(st);
+        self.remote.free_blocks(frees);
+        Ok(())
+    }
+
+    /// True when a metadata copy's memnode went down or came back as another epoch,
+    /// or a memnode now up is not a member: a checkpoint brings the copies and the
+    /// member slots up to date.
+    fn membership_changed(&self, st: &State) -> bool {
+        (0..self.remote.node_count())
+            .any(|i| self.remote.node_identity(i) != st.members.get(i).copied().flatten())
+    }
+
+    /// Writes a checkpoint of generation + 1 to fresh chunks on the first R memnodes
+    /// up, points every superblock at it, then frees the previous generation's chunks.
+    fn checkpoint_locked(
+        &self,
+        st: &mut State,
+        ns: &Namespace,
+        mut frees: Vec<BlockLoc>,
+    ) -> Result<(), VolumeError> {
+        frees.extend(self.journal.take_frees());
+        let nodes = self.remote.node_count();
+        let members: Vec<Option<(u32, u64)>> =
+            (0..nodes).map(|i| self.remote.node_identity(i)).collect();
+        let bs = self.remote.block_size();
+        let records = ns.checkpoint_records(
+            || {
+                self.journal.take();
+            },
+            &|ino, idx, e| encode_block(&members, bs, ino, idx, e),
+        );
+        let generation = st.generation + 1;
+        let checkpoint = encode_checkpoint(generation, &encode_records(&records));
+        let want = self.remote.replicas().max(1);
+        let mut copies = Vec::new();
+        for node in (0..nodes).filter(|&i| members[i].is_some()) {
+            if copies.len() == want {
+                break;
+            }
+            match self.write_copy(node, &checkpoint) {
+                Ok(c) => copies.push(c),
+                Err(e) => log::warn!(
+                    "volume {}: no checkpoint copy on memnode {}: {e}",
+                    self.name,
+                    self.remote.node_name(node)
+                ),
+            }
+        }
+        if copies.is_empty() {
+            st.need_checkpoint = true;
+            self.journal.return_frees(frees);
+            return Err(VolumeError::NoCopy(format!(
+                "no memnode took a checkpoint of volume {}",
+                self.name
+            )));
+        }
+        let sb = |copy: Option<&MetaCopy>| Superblock {
+            volume_id: self.volume_id,
+            generation,
+            block_size: bs as u32,
+            first_seq: st.next_seq,
+            checkpoint: copy.map(|c| {
+                (
+                    Area {
+                        addr: c.checkpoint.addr,
+                        len: checkpoint.len() as u64,
+                    },
+                    format::crc(&checkpoint),
+                )
+            }),
+            log: copy.map(|c| Area {
+                addr: c.log.addr,
+                len: c.log.len,
+            }),
+            members: members.iter().map(|m| m.map_or(0, |(_, id)| id)).collect(),
+        };
+        let slot = (generation % 2) as usize * SUPERBLOCK_SLOT;
+        let mut durable = Vec::new();
+        for node in (0..nodes).filter(|&i| members[i].is_some()) {
+            let copy = copies.iter().find(|c| c.node == node);
+            let Some(root) = self.remote.volume_root(node) else {
+                continue;
+            };
+            let at = RemoteAddr {
+                addr: root.addr + slot as u64,
+                rkey: root.rkey,
+            };
+            match self.remote.write_at(node, at, &sb(copy).encode()) {
+                Ok(()) => {
+                    if let Some(c) = copy {
+                        durable.push(*c);
+                    }
+                }
+                Err(e) => log::warn!(
+                    "volume {}: superblock on memnode {} not written: {e}",
+                    self.name,
+                    self.remote.node_name(node)
+                ),
+            }
+        }
+        for c in copies
+            .iter()
+            .filter(|c| !durable.iter().any(|d| d.node == c.node))
+        {
+            self.remote.free_chunk_of(c.node, c.checkpoint);
+            self.remote.free_chunk_of(c.node, c.log);
+        }
+        if durable.is_empty() {
+            st.need_checkpoint = true;
+            self.journal.return_frees(frees);
+            return Err(VolumeError::NoCopy(format!(
+                "no memnode took the superblock of volume {}",
+                self.name
+            )));
+        }
+        let old = std::mem::replace(&mut st.copies, durable);
+        for c in old {
+            let same_link = st.members.get(c.node).copied().flatten() == members[c.node];
+            for chunk in [c.checkpoint, c.log] {
+                if same_link {
+                    self.remote.free_chunk_of(c.node, chunk);
+                } else {
+                    // Its rkeys are of an older link to that memnode.
+                    self.remote.free_volume_chunk_at(c.node, chunk.addr);
+                }
+            }
+        }
+        log::info!(
+            "volume {}: generation {generation}, checkpoint of {} ({} records) on {} memnode(s)",
+            self.name,
+            format_size(checkpoint.len() as u64),
+            records.len(),
+            st.copies.len()
+        );
+        st.generation = generation;
+        st.members = members;
+        st.tail = 0;
+        st.need_checkpoint = st.copies.len() < want.min(self.remote.nodes_up());
+        self.remote.free_blocks(frees);
+        Ok(())
+    }
+
+    /// Allocates and fills one memnode's checkpoint and (empty) log chunks.
+    fn write_copy(&self, node: usize, checkpoint: &[u8]) -> Result<MetaCopy, RemoteError> {
+        let ck = self.remote.alloc_chunk(node, checkpoint.len() as u64)?;
+        let log = match self.remote.alloc_chunk(node, LOG_BYTES) {
+            Ok(l) => l,
+            Err(e) => {
+                self.remote.free_chunk_of(node, ck);
+                return Err(e);
+            }
+        };
+        let at = RemoteAddr {
+            addr: ck.addr,
+            rkey: ck.rkey,
+        };
+        if let Err(e) = self.remote.write_at(node, at, checkpoint) {
+            self.remote.free_chunk_of(node, ck);
+            self.remote.free_chunk_of(node, log);
+            return Err(e);
+        }
+        Ok(MetaCopy {
+            node,
+            checkpoint: ck,
+            log,
+        })
+    }
+
+    /// A checkpoint now (unmount: the next mount has no log to replay).
+    pub fn checkpoint(&self, ns: &Namespace) -> Result<(), VolumeError> {
+        let mut st = lock(&self.state);
+        self.checkpoint_locked(&mut st, ns, Vec::new())
+    }
+
+    /// Whether the metadata has fewer copies than it should (maintenance then
+    /// commits, which checkpoints).
+    pub fn needs_checkpoint(&self) -> bool {
+        let st = lock(&self.state);
+        st.need_checkpoint || self.membership_changed(&st)
+    }
+}
+
+#[cfg(test)]
+#[path = "volume_tests.rs"]
+mod tests;

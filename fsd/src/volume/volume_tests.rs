@@ -1,0 +1,38 @@
+// End-to-end tests of the volume core without a mount live in fsd/src/fs/tests
+// (they need the whole filesystem); this file holds the pure helpers' tests.
+use super::*;
+use crate::remote::Replica;
+
+#[test]
+fn a_block_stores_only_the_copies_of_this_generations_members() {
+    let members = vec![Some((0, 11)), None, Some((3, 13))];
+    let rep = |node: u16, epoch: u32, addr: u64| Replica {
+        node,
+        epoch,
+        remote: RemoteAddr { addr, rkey: 1 },
+    };
+    let e = BlockEntry {
+        loc: BlockLoc::from_replicas([
+            rep(0, 0, 4096),
+            rep(1, 0, 8192),
+            rep(2, 2, 0),
+            rep(2, 3, 0),
+        ]),
+        written: true,
+    };
+    let Record::Block(b) = encode_block(&members, 65536, 5, 9, &e) else {
+        panic!("not a block record");
+    };
+    assert_eq!(b.flags, BLOCK_WRITTEN);
+    // node 1 is no member; node 2's copy of epoch 2 is of an older link.
+    assert_eq!(
+        b.copies,
+        vec![
+            StoredCopy {
+                slot: 0,
+                addr: 4096
+            },
+            StoredCopy { slot: 2, addr: 0 }
+        ]
+    );
+}
