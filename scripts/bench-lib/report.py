@@ -11,13 +11,19 @@ the runs in a manifest, one tab-separated line each:
 rmemfs; steal-pct is the share of CPU time the hypervisor took during that run and
 busy-pct the share that went to work on this machine, all CPUs together). The
 fabric target's outputs are fabricbench's, in the part of fio's JSON read here.
-This script reads those fio outputs, keeps for each (job, target) its median run by
-throughput, prints the run's settings and one table (MB/s,
+The metadata jobs (create, stat, unlink, untar) write scripts/bench-lib/meta.py's
+JSON instead (its "kind" is "metadata"): files (or stats) per second, timed seconds,
+per-file latency percentiles. The rmemfs-vol target (fsd on a durable volume) runs
+only those.
+This script reads those outputs, keeps for each (job, target) its median run by
+throughput, prints the run's settings and two tables: the fio jobs (MB/s,
 IOPS, p99 latency, the CPU time the whole machine spent per request, and rmemfs's
 throughput divided by each baseline's: tmpfs, the
 local-memory ceiling; sshfs to a tmpfs; nullfs, a FUSE filesystem that keeps no data,
-the FUSE ceiling; fabric, the fabric alone with no FUSE, what the network allows),
-writes all of it as JSON, and draws a bar chart with gnuplot. Any
+the FUSE ceiling; fabric, the fabric alone with no FUSE, what the network allows) and
+the metadata jobs (files/s, seconds, latency, and the same ratios without the
+fabric, plus rmemfs-vol's over rmemfs's: what durable metadata costs), writes all of
+it as JSON, and draws a bar chart with gnuplot. Any
 subset of the targets works (scripts/bench --only). It reports; it never judges
 timings.
 Standard library only, so a stock python3 runs it.
@@ -35,8 +41,15 @@ import time
 
 # What rmemfs is divided by, in the order of the table's and the chart's ratios.
 BASELINES = ("tmpfs", "sshfs", "nullfs", "fabric")
-COLORS = {"rmemfs": "#d95f02", "tmpfs": "#7f7f7f", "sshfs": "#1f78b4", "nullfs": "#33a02c",
-          "fabric": "#6a3d9a"}
+# rmemfs on a durable volume (fsd --volume): metadata jobs only, compared with the
+# same baselines and with scratch rmemfs.
+VOLUME = "rmemfs-vol"
+# What each metadata job counts per second (the table's files/s column).
+META_UNITS = {"create": "files/s", "stat": "stats/s", "unlink": "files/s",
+              "untar": "files/s"}
+COLORS = {"rmemfs": "#d95f02", "rmemfs-vol": "#e7298a", "tmpfs": "#7f7f7f",
+          "sshfs": "#1f78b4", "nullfs": "#33a02c", "fabric": "#6a3d9a"}
+RMEMFS_TARGETS = ("rmemfs", VOLUME)
 
 
 def parse_args():
@@ -44,6 +57,8 @@ def parse_args():
     p.add_argument("--manifest", required=True)
     p.add_argument("--jobs", required=True, help="comma-separated, in matrix order")
     p.add_argument("--targets", required=True, help="comma-separated")
+    p.add_argument("--metadata-jobs", default="",
+                   help="comma-separated: which of --jobs are metadata jobs (meta.py)")
     p.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a run setting to record (numbers become numbers)")
     p.add_argument("--fsd-arg", action="append", default=[],
@@ -210,13 +225,17 @@ def measure(row, cpus):
         "fio_output": row["fio_json"], "round": row["round"], "steal_pct": row["steal_pct"],
         "cpu_busy_pct": row["busy_pct"],
     }
-    if row["target"] == "rmemfs":
+    if row["target"] in RMEMFS_TARGETS:
         result["fsd_peak_rss_bytes"] = kib_to_bytes(row["fsd_peak_rss_kib"])
         result["fsd_rss_bytes"] = kib_to_bytes(row["fsd_rss_kib"])
         result["memnode_rss_bytes"] = kib_to_bytes(row["memnode_rss_kib"])
         result["fsd_traffic"] = fsd_traffic(row)
     if row["status"] != "ok":
         return result
+    meta = read_json(row["fio_json"])
+    if isinstance(meta, dict) and meta.get("kind") == "metadata":
+        return measure_metadata(result, meta, row, cpus)
+    result["kind"] = "data"
     try:
         data, job = fio_job(row["fio_json"])
     except (OSError, ValueError) as e:
@@ -248,6 +267,49 @@ def measure(row, cpus):
     return result
 
 
+def measure_metadata(result, meta, row, cpus):
+    """One metadata job's result, from meta.py's output. Its CPU shares were taken
+    over the timed part alone; the bench's, over the whole helper run, are the
+    fallback."""
+    busy = meta.get("cpu_busy_pct")
+    if busy is None:
+        busy = row["busy_pct"]
+    steal = meta.get("steal_pct")
+    result.update({
+        "kind": "metadata",
+        "tool": meta.get("tool"),
+        "unit": META_UNITS.get(row["job"], "ops/s"),
+        "ops": meta.get("ops"),
+        "ops_per_s": meta.get("ops_per_s"),
+        "seconds": meta.get("seconds"),
+        "bytes": meta.get("bytes"),
+        "layout": meta.get("layout"),
+        "dirs": meta.get("dirs"),
+        "lat_us": meta.get("lat_us"),
+        "cpu_busy_pct": busy,
+        "steal_pct": row["steal_pct"] if steal is None else steal,
+        "cpu_us_per_op": cpu_us_per_request(busy, cpus, meta.get("ops_per_s")),
+    })
+    for key in ("files_per_dir", "dir_ops_seconds", "mb_per_s"):
+        if key in meta:
+            result[key] = meta[key]
+    if not meta.get("ops_per_s"):
+        result["status"] = "no operation timed"
+    return result
+
+
+def rate(r):
+    """What a result is ranked and divided by: bytes/s of a fio job, operations/s of
+    a metadata job."""
+    if r.get("kind") == "metadata":
+        return r.get("ops_per_s") or 0
+    return r.get("bw_bytes_per_s") or 0
+
+
+def is_metadata(doc, job):
+    return job in doc.get("metadata_jobs", ())
+
+
 def median_runs(results):
     """One result per (job, target), in the order first run: the run whose throughput
     is the median of its successful runs (the lower middle one of an even count), so
@@ -259,29 +321,31 @@ def median_runs(results):
         groups.setdefault((r["job"], r["target"]), []).append(r)
     chosen = []
     for runs in groups.values():
-        ok = sorted((r for r in runs if r["status"] == "ok"), key=lambda r: r["bw_bytes_per_s"])
+        ok = sorted((r for r in runs if r["status"] == "ok"), key=rate)
         pick = dict(ok[(len(ok) - 1) // 2] if ok else runs[-1])
-        pick["runs"] = [{k: r.get(k) for k in ("round", "status", "bw_bytes_per_s", "iops",
-                                                "steal_pct", "cpu_busy_pct",
-                                                "cpu_us_per_request", "fio_output")}
-                        for r in runs]
+        keys = ("round", "status", "bw_bytes_per_s", "iops", "steal_pct", "cpu_busy_pct",
+                "cpu_us_per_request", "fio_output")
+        if pick.get("kind") == "metadata":
+            keys = ("round", "status", "ops_per_s", "seconds", "steal_pct", "cpu_busy_pct",
+                    "cpu_us_per_op", "fio_output")
+        pick["runs"] = [{k: r.get(k) for k in keys} for r in runs]
         chosen.append(pick)
     return chosen
 
 
-def ratios(results, jobs):
-    """rmemfs throughput divided by each baseline's, per job (>1: rmemfs is faster)."""
+def ratios(results, jobs, subject="rmemfs", bases=BASELINES):
+    """subject's throughput (bytes/s; files/s for a metadata job) divided by each
+    baseline's, per job (>1: subject is faster)."""
     by = {(r["job"], r["target"]): r for r in results}
     out = {}
     for job in jobs:
-        mine = by.get((job, "rmemfs"))
+        mine = by.get((job, subject))
         if not mine or mine["status"] != "ok":
             continue
-        for base in BASELINES:
+        for base in bases:
             other = by.get((job, base))
-            if other and other["status"] == "ok" and other["bw_bytes_per_s"] > 0:
-                out.setdefault(job, {})[f"vs_{base}"] = (
-                    mine["bw_bytes_per_s"] / other["bw_bytes_per_s"])
+            if other and other["status"] == "ok" and rate(other) > 0:
+                out.setdefault(job, {})[f"vs_{base}"] = rate(mine) / rate(other)
     return out
 
 
@@ -305,6 +369,7 @@ def mib(n):
 
 def print_header(doc):
     m, s = doc["machine"], doc["settings"]
+    targets = doc["targets"]
     print(f"rmemfs benchmark, {doc['date']}, git {s.get('git')}, wall time "
           f"{doc['wall_time_s']:.0f} s")
     print(f"  machine: {m['nproc']} CPUs ({m['cpu_model']}), {mib(m['memory_bytes'])}, "
@@ -312,29 +377,52 @@ def print_header(doc):
     print(f"  CPUs busy before the run: {fmt(doc['cpu_busy_before_pct'])}%; stolen by the "
           f"hypervisor during it: {fmt(doc['cpu_steal_pct'], 1)}%; load average at start "
           f"{doc['loadavg_start'] or '-'}, at end {doc['loadavg_end']}")
-    if "rmemfs" in doc["targets"]:
+    if "rmemfs" in targets or VOLUME in targets:
         extra = " ".join(doc["fsd_extra_args"])
         print(f"  rmemfs: {s.get('memnodes')} memnode on 127.0.0.1, {s.get('fabric')} fabric, "
               f"{mib(s.get('memnode_size_bytes'))}; fsd --cache {s.get('cache')} "
               f"--block-size {s.get('block_size')}{' ' + extra if extra else ''}")
-    if "nullfs" in doc["targets"]:
+    if VOLUME in targets:
+        print(f"  rmemfs-vol: the same fsd flags on the durable volume "
+              f"'{s.get('volume')}' (--volume) on that memnode, metadata jobs only: "
+              "what durable metadata costs")
+    if "nullfs" in targets:
         threads = s.get("nullfs_threads")
         threads = ("its default --threads" if threads in (None, "default")
                    else f"--threads {threads}")
         print(f"  nullfs: no data, fsd's FUSE settings, {threads}")
-    if "fabric" in doc["targets"]:
+    if "fabric" in targets:
         print(f"  fabric: fabricbench to the memnode, {s.get('fabric')}, jobs shaped like "
               f"fio's (block size, jobs; one block at a time per job), operations of up to "
               f"{s.get('block_size')}, --poll-us {s.get('fabric_poll_us')}")
-    print(f"  fio: {s.get('ioengine')}, {s.get('runtime_s')} s per job after a "
-          f"{s.get('ramp_s')} s ramp, file {s.get('size')}, in-cache file "
-          f"{s.get('incache_size')}, page cache dropped before each run: "
-          f"{'yes' if s.get('drop_caches') is True else 'no'}")
+    if data_jobs(doc):
+        print(f"  fio: {s.get('ioengine')}, {s.get('runtime_s')} s per job after a "
+              f"{s.get('ramp_s')} s ramp, file {s.get('size')}, in-cache file "
+              f"{s.get('incache_size')}, page cache dropped before each run: "
+              f"{'yes' if s.get('drop_caches') is True else 'no'}")
+    meta = doc.get("metadata_jobs") or []
+    if any(j in meta for j in ("create", "stat", "unlink")):
+        print(f"  create/stat/unlink: {fmt(s.get('meta_files'))} files of 1-4 KiB, "
+              f"{s.get('meta_files_per_dir')} per directory, one process, one file at a "
+              f"time (scripts/bench-lib/meta.py), page cache dropped before each: "
+              f"{'yes' if s.get('drop_caches') is True else 'no'}")
+    if "untar" in meta:
+        print(f"  untar: GNU tar -x of a generated source tree, {fmt(s.get('untar_files'))} "
+              f"files in {fmt(s.get('untar_dirs'))} directories, "
+              f"{mib(s.get('untar_bytes'))} (seed {s.get('untar_seed')})")
+    if meta and "nullfs" in targets:
+        print("  nullfs has no directories: its metadata jobs put the same files flat in "
+              "its root")
     if doc["fio_extra_args"]:
         print(f"  extra fio options: {' '.join(doc['fio_extra_args'])}")
     versions = [s[k] for k in ("fsd_version", "nullfs_version", "fabricbench_version",
-                               "fio_version", "sshfs_version", "sshd_version") if k in s]
+                               "fio_version", "tar_version", "sshfs_version",
+                               "sshd_version") if k in s]
     print(f"  versions: {'; '.join(str(v) for v in versions)}")
+
+
+def data_jobs(doc):
+    return [j for j in doc["jobs"] if not is_metadata(doc, j)]
 
 
 def compared_baselines(doc):
@@ -344,11 +432,26 @@ def compared_baselines(doc):
     return [b for b in BASELINES if b in doc["targets"]]
 
 
+def meta_compared(doc):
+    """The columns of the metadata table's ratios: the baselines that ran (not the
+    fabric, which has no files), and rmemfs for rmemfs-vol's row."""
+    targets = doc["targets"]
+    if "rmemfs" not in targets and VOLUME not in targets:
+        return []
+    bases = [b for b in BASELINES if b in targets and b != "fabric"]
+    if VOLUME in targets and "rmemfs" in targets:
+        bases.append("rmemfs")
+    return bases
+
+
 def table_rows(doc):
-    """One row of cells per result; a failed run has its status instead of numbers."""
+    """One row of cells per fio result; a failed run has its status instead of
+    numbers."""
     bases = compared_baselines(doc)
     rows = []
     for r in doc["results"]:
+        if is_metadata(doc, r["job"]):
+            continue
         if r["status"] != "ok":
             rows.append((r["job"], r["target"], "FAILED: " + r["status"]))
             continue
@@ -367,12 +470,38 @@ def table_rows(doc):
     return rows
 
 
-def print_table(doc):
-    bases = compared_baselines(doc)
-    head = ("job", "target", "MB/s", "IOPS", "p99 us", "busy%", "CPU us/req",
-            "steal%") + tuple(f"vs {b}" for b in bases)
-    rows = table_rows(doc)
-    # Failure texts span the numeric columns instead of widening them.
+def meta_rows(doc):
+    """One row of cells per metadata result, as table_rows."""
+    bases = meta_compared(doc)
+    rows = []
+    for r in doc["results"]:
+        if not is_metadata(doc, r["job"]):
+            continue
+        if r["status"] != "ok":
+            rows.append((r["job"], r["target"], "FAILED: " + r["status"]))
+            continue
+        ratio = {}
+        if r["target"] == "rmemfs":
+            ratio = doc["ratios"].get(r["job"], {})
+        elif r["target"] == VOLUME:
+            ratio = doc["volume_ratios"].get(r["job"], {})
+        lat = r.get("lat_us") or {}
+        cpu = r.get("cpu_us_per_op")
+
+        def us(v):
+            return fmt(v, 1 if v is not None and v < 100 else 0)
+
+        rows.append((
+            r["job"], r["target"], fmt(r["ops_per_s"]), fmt(r["seconds"], 3),
+            us(lat.get("p50")), us(lat.get("p99")), fmt(r.get("cpu_busy_pct")), us(cpu),
+            fmt(r.get("steal_pct"), 1),
+        ) + tuple(fmt_ratio(ratio.get(f"vs_{b}")) for b in bases))
+    return rows
+
+
+def print_rows(head, rows):
+    """A table: the job name once per group of targets; failure texts span the
+    numeric columns instead of widening them."""
     full = [head] + [r for r in rows if len(r) == len(head)]
     widths = [max(len(r[i]) for r in full) for i in range(len(head))]
     for i in (0, 1):
@@ -389,10 +518,18 @@ def print_table(doc):
     print(line(head, head[0]))
     previous = None
     for row in rows:
-        # The job name once per group of targets.
         print(line(row, row[0] if row[0] != previous else ""))
         previous = row[0]
     print()
+
+
+def print_table(doc):
+    if not data_jobs(doc):
+        return
+    bases = compared_baselines(doc)
+    head = ("job", "target", "MB/s", "IOPS", "p99 us", "busy%", "CPU us/req",
+            "steal%") + tuple(f"vs {b}" for b in bases)
+    print_rows(head, table_rows(doc))
     print("MB/s = 10^6 bytes/s; p99 = 99th percentile completion latency of one request;")
     print(f"busy% = share of all {doc['machine']['cpus_online']} CPUs' time spent working "
           "during that run (every process")
@@ -409,11 +546,37 @@ def print_table(doc):
               "(>1: rmemfs faster).")
 
 
+def print_meta_table(doc):
+    if not doc.get("metadata_jobs"):
+        return
+    bases = meta_compared(doc)
+    head = ("job", "target", "files/s", "seconds", "p50 us", "p99 us", "busy%",
+            "CPU us/op", "steal%") + tuple(f"vs {b}" for b in bases)
+    print_rows(head, meta_rows(doc))
+    print("Metadata jobs, one process, one file at a time: files/s = files created "
+          "(create: open, write of")
+    print("1-4 KiB, close), stat'd (stat: stats/s), unlinked (unlink) or extracted "
+          "(untar) per second of the")
+    print("timed seconds; p50/p99 = percentiles of one file's system calls (untar: none, "
+          "one tar run);")
+    print("busy% and steal% over the timed seconds; CPU us/op = busy% x CPUs / files/s.")
+    if doc["settings"].get("repeat", 1) > 1:
+        print(f"Each row is the median of {doc['settings']['repeat']} runs by files/s.")
+    if bases:
+        print("vs X = rmemfs (or rmemfs-vol) files/s / X files/s in the same bench run "
+              "(>1: faster);")
+        if "rmemfs" in bases:
+            print("rmemfs-vol's vs rmemfs = durable volume / scratch mount: below 1, "
+                  "what durable metadata costs.")
+
+
 def print_memory(doc):
-    peaks = [r.get("fsd_peak_rss_bytes") for r in doc["results"]
-             if r["target"] == "rmemfs" and r.get("fsd_peak_rss_bytes")]
-    if peaks:
-        print(f"fsd peak RSS {mib(max(peaks))} with --cache {doc['settings'].get('cache')}")
+    for target in RMEMFS_TARGETS:
+        peaks = [r.get("fsd_peak_rss_bytes") for r in doc["results"]
+                 if r["target"] == target and r.get("fsd_peak_rss_bytes")]
+        if peaks:
+            print(f"{target}: fsd peak RSS {mib(max(peaks))} with --cache "
+                  f"{doc['settings'].get('cache')}")
 
 
 def read_amplification(traffic):
@@ -428,24 +591,26 @@ def read_amplification(traffic):
 
 
 def print_traffic(doc):
-    """Remote operations fsd made during each rmemfs job (`waited`: chunk allocations
-    a write had to wait for, i.e. control round trips on the write path), the bytes
-    fsd returned to reads (`MiB served`: those the page cache did not answer) and the
-    read amplification (see read_amplification)."""
-    rows = [r for r in doc["results"] if r["target"] == "rmemfs" and r.get("fsd_traffic")]
+    """Remote operations fsd made during each rmemfs (and rmemfs-vol) job (`waited`:
+    chunk allocations a write had to wait for, i.e. control round trips on the write
+    path), the bytes fsd returned to reads (`MiB served`: those the page cache did not
+    answer) and the read amplification (see read_amplification)."""
+    rows = [r for r in doc["results"]
+            if r["target"] in RMEMFS_TARGETS and r.get("fsd_traffic")]
     if not rows:
         return
     block = rows[0]["fsd_traffic"].get("block_size")
     print(f"\nfsd remote traffic per job (block size {block // 1024 if block else '?'} KiB):")
-    print(f"{'job':<22}{'READs':>10}{'MiB read':>10}{'WRITEs':>10}{'MiB written':>12}"
-          f"{'allocs':>8}{'waited':>8}{'cache hit%':>11}{'MiB served':>11}{'read ampl.':>11}")
+    print(f"{'job':<22}{'target':<12}{'READs':>10}{'MiB read':>10}{'WRITEs':>10}"
+          f"{'MiB written':>12}{'allocs':>8}{'waited':>8}{'cache hit%':>11}"
+          f"{'MiB served':>11}{'read ampl.':>11}")
     for r in rows:
         t = r["fsd_traffic"]
         lookups = t.get("cache_hits", 0) + t.get("cache_misses", 0)
         hit = f"{100.0 * t.get('cache_hits', 0) / lookups:.0f}" if lookups else "-"
         ampl = read_amplification(t)
         ampl = "-" if ampl is None else f"{ampl:.2f}"
-        print(f"{r['job']:<22}{t.get('remote_reads', 0):>10}"
+        print(f"{r['job']:<22}{r['target']:<12}{t.get('remote_reads', 0):>10}"
               f"{t.get('remote_read_bytes', 0) / 2**20:>10.0f}{t.get('remote_writes', 0):>10}"
               f"{t.get('remote_write_bytes', 0) / 2**20:>12.0f}{t.get('chunk_allocs', 0):>8}"
               f"{t.get('chunk_allocs_waited', 0):>8}{hit:>11}"
@@ -455,58 +620,106 @@ def print_traffic(doc):
 def ratio_labels(doc, job):
     """What the chart prints under a job's name: rmemfs's throughput over each
     baseline's, as one quoted column per compared baseline (empty ones last; none
-    without rmemfs)."""
-    bases = compared_baselines(doc)
+    without rmemfs); for a metadata job also rmemfs-vol's over rmemfs's."""
+    if is_metadata(doc, job):
+        bases = [b for b in meta_compared(doc) if b != "rmemfs"]
+    else:
+        bases = compared_baselines(doc)
     ratio = doc["ratios"].get(job, {})
     labels = [f"{fmt_ratio(ratio[f'vs_{b}'])} {b}" for b in bases if f"vs_{b}" in ratio]
     if labels:
         labels[0] = "rmemfs: " + labels[0]
-    labels += [""] * (len(bases) - len(labels))
-    return " ".join(f'"{label}"' for label in labels)
+    slots = len(bases)
+    if is_metadata(doc, job) and "rmemfs" in meta_compared(doc):
+        slots += 1
+        vol = doc["volume_ratios"].get(job, {}).get("vs_rmemfs")
+        if vol is not None:
+            labels.append(f"vol: {fmt_ratio(vol)} rmemfs")
+    labels += [""] * (slots - len(labels))
+    return slots, " ".join(f'"{label}"' for label in labels)
+
+
+def gp_string(text):
+    """A gnuplot single-quoted string (a quote doubled inside)."""
+    return "'" + str(text).replace("'", "''") + "'"
 
 
 def write_chart(doc, chart, script, data_dir):
-    """Two panels, throughput and p99 latency, one bar per target in each job group."""
+    """Two panels per kind of job that ran, throughput and latency, one bar per
+    target in each job group: MB/s and p99 for the fio jobs, files/s and p99 for the
+    metadata jobs (rmemfs-vol only there, the fabric only in the fio ones)."""
     # A chart of an earlier run must not pass for this one's.
     if os.path.exists(chart):
         os.remove(chart)
-    targets = doc["targets"]
     by = {(r["job"], r["target"]): r for r in doc["results"]}
-    files = {"bw": os.path.join(data_dir, "chart-throughput.dat"),
-             "lat": os.path.join(data_dir, "chart-p99.dat")}
-    values = {"bw": [], "lat": []}
-    for kind, path in files.items():
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(" ".join(["job"] + targets +
-                             [f"vs_{b}" for b in compared_baselines(doc)]) + "\n")
-            for job in doc["jobs"]:
-                cells = []
-                for t in targets:
-                    r = by.get((job, t))
-                    v = None
-                    if r and r["status"] == "ok":
-                        v = r["mb_per_s"] if kind == "bw" else r["lat_us"]["p99"]
-                    if v is not None and v > 0:
-                        values[kind].append(v)
-                    cells.append(f"{v:.6g}" if v else "-")
-                f.write(" ".join([job] + cells + [ratio_labels(doc, job)]).rstrip() + "\n")
-
-    def scale(vals):
-        # Log scale once bars differ by more than 20x: tmpfs would flatten the rest.
-        return "log" if vals and max(vals) / min(vals) > 20 else "linear"
-
-    s = doc["settings"]
-    title = (f"rmemfs vs baselines: fio psync, {s.get('runtime_s')} s per job, file "
-             f"{s.get('size')}, fsd cache {s.get('cache')}, block {s.get('block_size')}; "
-             f"{doc['machine']['nproc']} CPUs, {doc['date'][:10]}")
-    colors = " ".join(COLORS.get(t, "#000000") for t in targets)
-    if not values["bw"] or not values["lat"]:
+    kinds = [
+        ("data", data_jobs(doc), [t for t in doc["targets"] if t != VOLUME],
+         [("bw", "throughput, MB/s (higher is better)",
+           lambda r: r["mb_per_s"]),
+          ("lat", "p99 latency, us (lower is better)",
+           lambda r: r["lat_us"]["p99"])]),
+        ("meta", doc.get("metadata_jobs") or [], [t for t in doc["targets"] if t != "fabric"],
+         [("bw", "metadata jobs: files/s (stat: stats/s; higher is better)",
+           lambda r: r["ops_per_s"]),
+          ("lat", "metadata jobs: p99 latency of one file's system calls, us (lower is "
+           "better)",
+           lambda r: (r.get("lat_us") or {}).get("p99"))]),
+    ]
+    panels = []
+    for kind, all_jobs, targets, measures in kinds:
+        for which, title, get in measures:
+            # untar has no latency of its own (one tar run): no empty group for it.
+            jobs = [j for j in all_jobs if not (kind == "meta" and which == "lat" and
+                                                 j == "untar")]
+            if not jobs:
+                continue
+            path = os.path.join(data_dir, f"chart-{kind}-{which}.dat")
+            values = []
+            slots = 0
+            with open(path, "w", encoding="utf-8") as f:
+                lines = []
+                for job in jobs:
+                    cells = []
+                    for t in targets:
+                        r = by.get((job, t))
+                        v = get(r) if r and r["status"] == "ok" else None
+                        if v is not None and v > 0:
+                            values.append(v)
+                        cells.append(f"{v:.6g}" if v else "-")
+                    slots, labels = ratio_labels(doc, job)
+                    lines.append(" ".join([job] + cells + [labels]).rstrip())
+                f.write(" ".join(["job"] + targets + [f"r{i}" for i in range(slots)]) + "\n")
+                f.write("\n".join(lines) + "\n")
+            if not values:
+                continue
+            # Log scale once bars differ by more than 20x: tmpfs would flatten the rest.
+            scale = "log" if max(values) / min(values) > 20 else "linear"
+            panels.append({"file": path, "title": title, "n": len(targets),
+                           "colors": " ".join(COLORS.get(t, "#000000") for t in targets),
+                           "scale": scale, "m": slots, "labels": int(which == "bw")})
+    if not panels:
         print(f"report: no run succeeded, so no chart ({chart})", file=sys.stderr)
         return False
-    cmd = ["gnuplot", "-c", script, chart, files["bw"], files["lat"], str(len(targets)),
-           colors, scale(values["bw"]), scale(values["lat"]), title,
-           str(len(compared_baselines(doc)))]
-    if subprocess.run(cmd, check=False).returncode != 0:
+    s = doc["settings"]
+    parts = []
+    if data_jobs(doc):
+        parts.append(f"fio psync, {s.get('runtime_s')} s per job, file {s.get('size')}")
+    meta = doc.get("metadata_jobs") or []
+    if any(j in meta for j in ("create", "stat", "unlink")):
+        parts.append(f"{fmt(s.get('meta_files'))} small files")
+    if "untar" in meta:
+        parts.append(f"untar of {fmt(s.get('untar_files'))} files")
+    title = (f"rmemfs vs baselines: {'; '.join(parts)}; fsd cache {s.get('cache')}, block "
+             f"{s.get('block_size')}; {doc['machine']['nproc']} CPUs, {doc['date'][:10]}")
+    params = os.path.join(data_dir, "chart-params.gp")
+    with open(params, "w", encoding="utf-8") as f:
+        f.write(f"png = {gp_string(chart)}\ntitle = {gp_string(title)}\n"
+                f"npanels = {len(panels)}\n")
+        for i, p in enumerate(panels, 1):
+            for key, value in p.items():
+                text = gp_string(value) if isinstance(value, str) else str(value)
+                f.write(f"p{i}_{key} = {text}\n")
+    if subprocess.run(["gnuplot", "-c", script, params], check=False).returncode != 0:
         print(f"report: gnuplot failed to draw {chart} from {data_dir}", file=sys.stderr)
         return False
     return True
@@ -516,6 +729,7 @@ def main():
     args = parse_args()
     jobs = args.jobs.split(",")
     targets = args.targets.split(",")
+    metadata_jobs = [j for j in jobs if j in (args.metadata_jobs or "").split(",")]
     rows = read_manifest(args.manifest)
     cpus = online_cpus()
     every_run = [measure(row, cpus) for row in rows]
@@ -539,12 +753,16 @@ def main():
         "fsd_extra_args": args.fsd_arg,
         "fio_extra_args": args.fio_arg,
         "jobs": jobs,
+        "metadata_jobs": metadata_jobs,
         "targets": targets,
         "results": results,
         "ratios": ratios(results, jobs),
+        "volume_ratios": ratios(results, metadata_jobs, VOLUME,
+                                ("rmemfs",) + tuple(b for b in BASELINES if b != "fabric")),
     }
     print_header(doc)
     print_table(doc)
+    print_meta_table(doc)
     print_memory(doc)
     print_traffic(doc)
     os.makedirs(os.path.dirname(os.path.abspath(args.out_json)), exist_ok=True)
