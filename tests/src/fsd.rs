@@ -171,6 +171,109 @@ impl FsdMount {
         }
     }
 
+    /// As [`FsdMount::with_memnodes`], but fsd may refuse to mount: `Ok` with the live
+    /// mount when it mounted, `Err` with how it exited (and its stderr) when it exited
+    /// first. For tests where either outcome can be right (a volume whose metadata was
+    /// damaged: refused with a clear message, or mounted with intact files). Panics if
+    /// fsd neither mounts nor exits within the mount deadline.
+    pub fn try_with_memnodes(
+        memnodes: &[&MemnodeProc],
+        args: &[&str],
+    ) -> Result<FsdMount, Refusal> {
+        let (t, all) = memnode_args(memnodes, args);
+        let (mut mount, announced) = FsdMount::spawn(t, t != transport::transport(), &all);
+        match announced {
+            Announce::Line(_) => {
+                let entry = poll_until(MOUNT_LIMIT, || mount_entry(&mount.mountpoint));
+                assert!(
+                    entry.as_ref().is_some_and(MountEntry::is_rmemfs),
+                    "after `fsd mounted`, /proc/self/mountinfo should list {} as {FSTYPE}, \
+                     but has {entry:?}; stderr:\n{}",
+                    mount.mountpoint.display(),
+                    mount.stderr()
+                );
+                Ok(mount)
+            }
+            Announce::Exited(status) => {
+                mount.child = None;
+                let stderr = mount.stderr.final_text();
+                let mounted = mount_entry(&mount.mountpoint);
+                assert!(
+                    mounted.is_none(),
+                    "fsd {} exited ({status}) but left {} mounted ({mounted:?}); stderr:\n{stderr}",
+                    mount.describe(),
+                    mount.mountpoint.display()
+                );
+                Err(Refusal { status, stderr })
+            }
+            Announce::TimedOut => panic!(
+                "fsd {} neither mounted nor exited within {MOUNT_LIMIT:?}; stderr:\n{}",
+                mount.describe(),
+                mount.stderr()
+            ),
+        }
+    }
+
+    /// `kill -9` of fsd, as a crash would end it: SIGKILL, reap, then detach the dead
+    /// mount (`fusermount3 -u -z`, else `umount -l`) and wait (bounded) until it is no
+    /// longer listed. Files still open on it fail with ENOTCONN from the moment fsd
+    /// dies. Returns the end of fsd's stderr.
+    pub fn kill9(mut self) -> String {
+        let mut child = self.child.take().expect("fsd already stopped");
+        let status = output::kill_and_reap(&mut child);
+        assert!(
+            status.is_some(),
+            "fsd (pid {}) survived SIGKILL for 10 s",
+            child.id()
+        );
+        detach(&self.mountpoint);
+        let gone = poll_until(Duration::from_secs(10), || {
+            mount_entry(&self.mountpoint).is_none().then_some(())
+        });
+        assert!(
+            gone.is_some(),
+            "fsd was killed and its mount detached, but {} is still mounted",
+            self.mountpoint.display()
+        );
+        self.stderr.final_text()
+        // Drop removes the mountpoint directory.
+    }
+
+    /// A lenient stop, for an fsd whose exit status is not the point (one that was
+    /// fenced off its volume, say): SIGTERM unless it already exited, a bounded wait,
+    /// and the mount detached if it is still there. Returns its exit status, or `None`
+    /// if it did not exit within the unmount deadline (it is then killed).
+    pub fn terminate(mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take().expect("fsd already stopped");
+        let status = match child.try_wait() {
+            Ok(Some(status)) => Some(status),
+            _ => {
+                output::signal(child.id(), libc::SIGTERM);
+                output::wait_exit(&mut child, UNMOUNT_LIMIT)
+            }
+        };
+        if status.is_none() {
+            detach(&self.mountpoint);
+            output::kill_and_reap(&mut child);
+        }
+        if mount_entry(&self.mountpoint).is_some() {
+            detach(&self.mountpoint);
+        }
+        status
+    }
+
+    /// fsd's exit status if it has exited on its own, without waiting.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// The arguments fsd was started with after the mountpoint (transport included).
+    pub fn args(&self) -> &[String] {
+        &self.args
+    }
+
     /// The mountpoint.
     pub fn path(&self) -> &Path {
         &self.mountpoint

@@ -28,20 +28,30 @@
 //! - [`data`] makes reproducible pseudorandom file contents from a printed seed, reads
 //!   files around the kernel page cache (`O_DIRECT`) and reports the first differing
 //!   offset of a miscompare.
+//! - [`volume`] runs the `rmemfs` tool on durable volumes (`volume list`, `volume
+//!   destroy`, `fsck`, with `--json` parsed) and mounts a volume again after its fsd
+//!   was killed ([`FsdMount::kill9`]); [`snapshot`] records a whole tree (lstat,
+//!   xattrs, contents digests) to compare before and after a remount; [`procmem`]
+//!   reads and damages a memnode's memory through `/proc/PID/mem`; [`fileset`] keeps
+//!   files of known contents to check after every remount.
 //!
 //! Every wait is bounded by a deadline; nothing synchronises with a bare sleep.
 
 pub mod binaries;
 pub mod command;
 pub mod data;
+pub mod fileset;
 pub mod fsd;
 pub mod kernel;
 pub mod memnode;
 mod output;
+pub mod procmem;
+pub mod snapshot;
 pub mod stats;
 pub mod tmpfs;
 pub mod transport;
 pub mod tree;
+pub mod volume;
 
 pub use data::{Pattern, UncachedReader, MIB};
 pub use fsd::{mount_entry, FsdMount, MountEntry, Refusal};

@@ -179,6 +179,11 @@ impl MemnodeProc {
         self.transport
     }
 
+    /// The token it was started with (`--token`), if any: what clients present.
+    pub fn token(&self) -> Option<&str> {
+        (!self.token.is_empty()).then(|| std::str::from_utf8(&self.token).unwrap_or(""))
+    }
+
     /// The capacity it announced, in bytes.
     pub fn capacity(&self) -> u64 {
         self.capacity
