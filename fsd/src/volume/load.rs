@@ -75,29 +75,43 @@ fn damaged(volume: &str, what: impl Into<String>) -> VolumeError {
     }
 }
 
-/// The newest valid superblock in a root chunk, or what is wrong with it.
+/// The newest valid superblock in a root chunk (or what is wrong with it), and what
+/// is wrong with a slot that did not decode. A damaged slot beside a valid one is
+/// what a torn superblock write leaves; it is also what damage to the newest one
+/// looks like, so it is reported either way.
 fn read_superblock(
     remote: &RemoteStore,
     node: usize,
     root: Allocation,
-) -> Result<Option<Superblock>, String> {
+) -> (Result<Option<Superblock>, String>, Option<String>) {
     let mut buf = vec![0u8; 2 * SUPERBLOCK_SLOT];
     let at = RemoteAddr {
         addr: root.addr,
         rkey: root.rkey,
     };
-    remote
-        .read_at(node, at, &mut buf)
-        .map_err(|e| e.to_string())?;
+    if let Err(e) = remote.read_at(node, at, &mut buf) {
+        return (Err(e.to_string()), None);
+    }
     let a = Superblock::decode(&buf[..SUPERBLOCK_SLOT]);
     let b = Superblock::decode(&buf[SUPERBLOCK_SLOT..]);
+    let damage = |slot: usize, e: &super::format::FormatError| {
+        format!(
+            "superblock slot {slot} (at {:#x}) is damaged: {e}",
+            root.addr + (slot * SUPERBLOCK_SLOT) as u64
+        )
+    };
     match (a, b) {
-        (Ok(a), Ok(b)) => Ok(match (a, b) {
-            (Some(a), Some(b)) => Some(if a.generation >= b.generation { a } else { b }),
-            (a, b) => a.or(b),
-        }),
-        (Ok(Some(s)), Err(_)) | (Err(_), Ok(Some(s))) => Ok(Some(s)),
-        (Err(e), _) | (_, Err(e)) => Err(format!("superblock damaged: {e}")),
+        (Ok(a), Ok(b)) => (
+            Ok(match (a, b) {
+                (Some(a), Some(b)) => Some(if a.generation >= b.generation { a } else { b }),
+                (a, b) => a.or(b),
+            }),
+            None,
+        ),
+        (Ok(Some(s)), Err(e)) => (Ok(Some(s)), Some(damage(1, &e))),
+        (Err(e), Ok(Some(s))) => (Ok(Some(s)), Some(damage(0, &e))),
+        (Err(e), _) => (Err(damage(0, &e)), None),
+        (_, Err(e)) => (Err(damage(1, &e)), None),
     }
 }
 
@@ -122,14 +136,19 @@ pub fn load(remote: &RemoteStore, volume: &str) -> Result<Option<Loaded>, Volume
             addr: root.addr,
             len: 2 * SUPERBLOCK_SLOT as u64,
         };
-        match read_superblock(remote, node, root) {
+        let (read, slot_damage) = read_superblock(remote, node, root);
+        if let Some(d) = &slot_damage {
+            log::warn!("volume {volume}: memnode {}: {d}", remote.node_name(node));
+            damaged_supers.push(format!("memnode {}: {d}", remote.node_name(node)));
+        }
+        match read {
             Ok(Some(sb)) => {
                 copies.push(CopyReport {
                     node,
                     superblock: area,
                     checkpoint: sb.checkpoint.map(|(a, _)| a),
                     log: sb.log,
-                    problem: None,
+                    problem: slot_damage.clone(),
                 });
                 supers.push((node, sb));
             }
