@@ -473,8 +473,13 @@ impl RmemFs {
                 for &i in freed.keys() {
                     m.block_changed(i);
                 }
+                m.attr.size = size;
+                m.touch_mtime();
                 freed
             };
+            // Marked before the free is queued: the commit that releases the blocks
+            // is then one that records them gone (see `volume/journal.rs`).
+            self.changed(inode);
             self.free_later(freed.into_values().map(|e| e.loc));
         }
         let mut m = inode.meta();

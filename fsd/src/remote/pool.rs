@@ -13,11 +13,13 @@ use rmemfs_common::fabric::RemoteAddr;
 use rmemfs_common::protocol::Allocation;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Blocks from one chunk; `free` holds the indices of blocks not in use.
+/// Blocks from one chunk; `free` holds the indices of blocks not in use, and
+/// `is_free` says the same per block (so a second free of a block is caught).
 #[derive(Debug)]
 struct Chunk {
     alloc: Allocation,
     free: Vec<u32>,
+    is_free: Vec<bool>,
     blocks: u32,
 }
 
@@ -48,6 +50,7 @@ impl BlockPool {
         let &start = self.with_space.iter().next()?;
         let chunk = self.chunks.get_mut(&start)?;
         let idx = chunk.free.pop()?;
+        chunk.is_free[idx as usize] = false;
         if chunk.free.is_empty() {
             self.with_space.remove(&start);
         }
@@ -66,6 +69,7 @@ impl BlockPool {
         }
         // Reverse so that `pop` hands out blocks in ascending address order.
         let free: Vec<u32> = (0..blocks).rev().collect();
+        let is_free = vec![true; blocks as usize];
         self.free_blocks += blocks as u64;
         self.with_space.insert(alloc.addr);
         self.chunks.insert(
@@ -73,6 +77,7 @@ impl BlockPool {
             Chunk {
                 alloc,
                 free,
+                is_free,
                 blocks,
             },
         );
@@ -89,6 +94,10 @@ impl BlockPool {
             .rev()
             .filter(|&i| !used.contains(&(alloc.addr + i as u64 * self.block_size)))
             .collect();
+        let mut is_free = vec![false; blocks as usize];
+        for &i in &free {
+            is_free[i as usize] = true;
+        }
         self.free_blocks += free.len() as u64;
         if !free.is_empty() {
             self.with_space.insert(alloc.addr);
@@ -98,6 +107,7 @@ impl BlockPool {
             Chunk {
                 alloc,
                 free,
+                is_free,
                 blocks,
             },
         );
@@ -118,8 +128,13 @@ impl BlockPool {
             return (false, Vec::new());
         }
         let idx = (offset / self.block_size) as u32;
-        debug_assert!(!chunk.free.contains(&idx), "double free of block {idx}");
+        if chunk.is_free[idx as usize] {
+            // Handing it out twice would put two files' data in one block.
+            log::error!("block {:#x} freed twice; the second free is ignored", block.addr);
+            return (false, Vec::new());
+        }
         chunk.free.push(idx);
+        chunk.is_free[idx as usize] = true;
         self.free_blocks += 1;
         self.with_space.insert(start);
         (true, self.release_empty_chunks())
@@ -230,6 +245,33 @@ mod tests {
         for b in [wrong_key, misaligned, past_end, before] {
             assert!(!p.put(b).0, "{b:?} should be refused");
         }
+    }
+
+    #[test]
+    fn a_second_free_of_a_block_is_refused_so_it_is_never_handed_out_twice() {
+        let mut p = BlockPool::new(BS);
+        p.add_chunk(chunk(0, 4, 1));
+        let b = p.take().unwrap();
+        assert!(p.put(b).0);
+        assert!(!p.put(b).0, "double free accepted");
+        let handed: Vec<u64> = std::iter::from_fn(|| p.take()).map(|b| b.addr).collect();
+        let mut unique = handed.clone();
+        unique.dedup();
+        assert_eq!(handed.len(), 4);
+        assert_eq!(unique, handed);
+    }
+
+    #[test]
+    fn an_adopted_chunk_hands_out_only_the_blocks_not_in_use() {
+        let mut p = BlockPool::new(BS);
+        let used: std::collections::BTreeSet<u64> = [BS, 3 * BS].into_iter().collect();
+        p.add_chunk_in_use(chunk(0, 4, 1), &used);
+        assert_eq!(p.free_blocks(), 2);
+        let mut got: Vec<u64> = std::iter::from_fn(|| p.take()).map(|b| b.addr).collect();
+        got.sort_unstable();
+        assert_eq!(got, vec![0, 2 * BS]);
+        assert!(p.put(RemoteAddr { addr: BS, rkey: 1 }).0, "a used block frees once");
+        assert!(!p.put(RemoteAddr { addr: BS, rkey: 1 }).0);
     }
 
     #[test]

@@ -254,6 +254,15 @@ pub fn load(remote: &RemoteStore, volume: &str) -> Result<Option<Loaded>, Volume
         }
     }
     let orphans = image.drop_orphans();
+    let problems = image.check();
+    if !problems.is_empty() {
+        // Served as it is (each file reads what its blocks hold); fsck lists them all.
+        log::error!(
+            "volume {volume}: {} inconsistencies in its metadata, e.g. {}",
+            problems.len(),
+            problems[..problems.len().min(3)].join("; ")
+        );
+    }
     let mut loaded = Loaded {
         volume: volume.to_string(),
         volume_id: head.volume_id,
