@@ -466,6 +466,13 @@ impl RmemFs {
                         Ok(())
                     },
                 )?;
+                if self.volume.is_some() {
+                    // On a volume the smaller size may be committed (by anyone's
+                    // fsync) before this page is written back; after a crash the old
+                    // bytes past the new end would then come back when the file
+                    // grows again. So the zeros reach remote memory first.
+                    self.cache.flush_inode(self, inode.ino)?;
+                }
             }
             let freed = {
                 let mut m = inode.meta();

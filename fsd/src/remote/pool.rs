@@ -130,7 +130,10 @@ impl BlockPool {
         let idx = (offset / self.block_size) as u32;
         if chunk.is_free[idx as usize] {
             // Handing it out twice would put two files' data in one block.
-            log::error!("block {:#x} freed twice; the second free is ignored", block.addr);
+            log::error!(
+                "block {:#x} freed twice; the second free is ignored",
+                block.addr
+            );
             return (false, Vec::new());
         }
         chunk.free.push(idx);
@@ -270,7 +273,10 @@ mod tests {
         let mut got: Vec<u64> = std::iter::from_fn(|| p.take()).map(|b| b.addr).collect();
         got.sort_unstable();
         assert_eq!(got, vec![0, 2 * BS]);
-        assert!(p.put(RemoteAddr { addr: BS, rkey: 1 }).0, "a used block frees once");
+        assert!(
+            p.put(RemoteAddr { addr: BS, rkey: 1 }).0,
+            "a used block frees once"
+        );
         assert!(!p.put(RemoteAddr { addr: BS, rkey: 1 }).0);
     }
 

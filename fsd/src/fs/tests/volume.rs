@@ -236,3 +236,44 @@ fn a_freed_block_is_not_reused_before_the_commit_that_frees_it() {
     );
     fs.shutdown();
 }
+
+#[test]
+fn bytes_cut_off_by_a_truncate_never_come_back_after_a_crash() {
+    let node = memnode();
+    let fs = mount(&node);
+    let f = new_file(&fs, "f");
+    let data = pattern(3 * BS as usize, 9);
+    fs.write(f, 0, &data).unwrap();
+    fs.fsync_durable(f).unwrap();
+    let cut = BS + 100;
+    fs.setattr(
+        f,
+        &SetAttr {
+            size: Some(cut),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // Another file's fsync commits f's new size too; f's own pages are not flushed.
+    let g = new_file(&fs, "g");
+    fs.write(g, 0, b"x").unwrap();
+    fs.fsync_durable(g).unwrap();
+    drop(fs); // crash
+    let fs = mount(&node);
+    let f = lookup(&fs, "f").unwrap();
+    assert_eq!(fs.getattr(f).unwrap().size, cut);
+    // Growing the file again must show zeros past the old end, not the cut bytes.
+    fs.setattr(
+        f,
+        &SetAttr {
+            size: Some(3 * BS),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let got = fs.read(f, 0, 3 * BS as u32).unwrap();
+    assert_eq!(&got[..cut as usize], &data[..cut as usize]);
+    let stale = got[cut as usize..].iter().position(|&b| b != 0);
+    assert_eq!(stale, None, "cut bytes came back at {stale:?} past the cut");
+    fs.shutdown();
+}
