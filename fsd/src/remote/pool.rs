@@ -63,24 +63,7 @@ impl BlockPool {
 
     /// Adds a freshly allocated chunk; all its whole blocks become free.
     pub fn add_chunk(&mut self, alloc: Allocation) {
-        let blocks = (alloc.len / self.block_size) as u32;
-        if blocks == 0 {
-            return;
-        }
-        // Reverse so that `pop` hands out blocks in ascending address order.
-        let free: Vec<u32> = (0..blocks).rev().collect();
-        let is_free = vec![true; blocks as usize];
-        self.free_blocks += blocks as u64;
-        self.with_space.insert(alloc.addr);
-        self.chunks.insert(
-            alloc.addr,
-            Chunk {
-                alloc,
-                free,
-                is_free,
-                blocks,
-            },
-        );
+        self.add_chunk_in_use(alloc, &Default::default());
     }
 
     /// Adds a chunk of which the blocks at addresses `used` are already taken (a
@@ -90,6 +73,7 @@ impl BlockPool {
         if blocks == 0 {
             return;
         }
+        // Reverse so that `pop` hands out blocks in ascending address order.
         let free: Vec<u32> = (0..blocks)
             .rev()
             .filter(|&i| !used.contains(&(alloc.addr + i as u64 * self.block_size)))

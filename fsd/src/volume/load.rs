@@ -404,18 +404,21 @@ impl Loaded {
         used
     }
 
+    /// Whether chunk `c` of node `node` holds the loaded generation's metadata.
+    fn is_metadata(&self, node: usize, c: &Allocation) -> bool {
+        self.metadata
+            .iter()
+            .any(|(n, m)| *n == node && m.addr == c.addr)
+    }
+
     /// Chunks of the volume that hold neither metadata nor a block in use.
     pub fn leaked(&self) -> Vec<(usize, Allocation)> {
         let used = self.used();
         let mut out = Vec::new();
         for (node, chunks) in self.chunks.iter().enumerate() {
             for c in chunks.values() {
-                let meta = self
-                    .metadata
-                    .iter()
-                    .any(|(n, m)| *n == node && m.addr == c.addr);
                 let holds = used[node].range(c.addr..c.addr + c.len).next().is_some();
-                if !meta && !holds {
+                if !self.is_metadata(node, c) && !holds {
                     out.push((node, *c));
                 }
             }
@@ -434,12 +437,8 @@ impl Loaded {
         let bs = remote.block_size();
         for (node, chunks) in self.chunks.iter().enumerate() {
             for c in chunks.values() {
-                let meta = self
-                    .metadata
-                    .iter()
-                    .any(|(n, m)| *n == node && m.addr == c.addr);
                 let is_leaked = leaked.iter().any(|(n, l)| *n == node && l.addr == c.addr);
-                if meta || is_leaked || c.len < bs {
+                if self.is_metadata(node, c) || is_leaked || c.len < bs {
                     continue;
                 }
                 remote.adopt_chunk(node, *c, &used[node]);
