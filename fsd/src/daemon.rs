@@ -315,12 +315,14 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             } else {
                 log::info!(
                     "volume {name} opened: {} inodes, {} log entries replayed, {} orphans and \
-                     {} unreferenced chunks reclaimed, {} blocks lost; now generation {}",
+                     {} unreferenced chunks reclaimed, {} blocks lost, {} file tails zeroed; \
+                     now generation {}",
                     report.inodes,
                     report.log_entries,
                     report.orphans,
                     report.reclaimed_chunks,
                     report.lost_blocks,
+                    report.tails_zeroed,
                     report.generation
                 );
             }

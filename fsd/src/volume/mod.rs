@@ -114,6 +114,8 @@ pub struct MountReport {
     pub orphans: usize,
     pub reclaimed_chunks: usize,
     pub lost_blocks: usize,
+    /// Last blocks whose bytes past the end of file were zeroed again.
+    pub tails_zeroed: usize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -154,6 +156,60 @@ fn encode_block(
     })
 }
 
+/// Restores "bytes past the end of a file are zero" in remote memory after a crash
+/// (mount). fsd relies on it when a file grows: the bytes between the old end and a
+/// write past it are taken from the block. During a session it holds (truncate zeroes
+/// the cut tail, new blocks are written whole), but a write past the end may reach
+/// remote memory while its new size was never committed; after a crash the older,
+/// smaller size comes back with those bytes beyond it. So each file's last block is
+/// zeroed past the end, and blocks wholly past the end count as never written (they
+/// then read as zeros and are written whole next time). Returns the blocks zeroed.
+fn zero_past_eof(ns: &Namespace, remote: &RemoteStore) -> Result<usize, VolumeError> {
+    const BATCH: usize = 256;
+    let bs = remote.block_size();
+    let zeros = vec![0u8; bs as usize];
+    let mut tails: Vec<(BlockLoc, usize)> = Vec::new();
+    for inode in ns.all() {
+        let mut m = inode.meta();
+        if m.attr.kind != crate::inode::FileKind::File {
+            continue;
+        }
+        let size = m.attr.size;
+        let first_past = size.div_ceil(bs);
+        let beyond: Vec<u64> = m
+            .blocks
+            .range(first_past..)
+            .filter(|(_, e)| e.written)
+            .map(|(&i, _)| i)
+            .collect();
+        for i in beyond {
+            if let Some(e) = m.blocks.get_mut(&i) {
+                e.written = false;
+            }
+            m.block_changed(i);
+        }
+        if size % bs != 0 {
+            if let Some(e) = m.blocks.get(&(size / bs)).filter(|e| e.written) {
+                tails.push((e.loc.clone(), (size % bs) as usize));
+            }
+        }
+    }
+    for batch in tails.chunks(BATCH) {
+        let writes: Vec<(&BlockLoc, usize, &[u8])> = batch
+            .iter()
+            .map(|(loc, from)| (loc, *from, &zeros[*from..]))
+            .collect();
+        for copies in remote.write_copies(&writes) {
+            // A copy that cannot be written now is lost: the checkpoint that follows
+            // does not list it once its memnode is down.
+            if let Some(Err(e)) = copies.into_iter().find(|r| r.is_err()) {
+                return Err(VolumeError::Remote(e));
+            }
+        }
+    }
+    Ok(tails.len())
+}
+
 impl Volume {
     /// Opens the volume the memnodes of `remote` hold (it was opened on each by
     /// `RemoteStore::connect`): loads and replays its metadata, reclaims what nothing
@@ -192,6 +248,7 @@ impl Volume {
                 let old = l.metadata.clone();
                 let (generation, next_seq, volume_id) = (l.generation, l.next_seq, l.volume_id);
                 let ns = l.into_namespace(&remote, journal.clone());
+                report.tails_zeroed = zero_past_eof(&ns, &remote)?;
                 (ns, volume_id, generation, next_seq, old)
             }
         };

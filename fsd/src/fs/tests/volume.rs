@@ -277,3 +277,37 @@ fn bytes_cut_off_by_a_truncate_never_come_back_after_a_crash() {
     assert_eq!(stale, None, "cut bytes came back at {stale:?} past the cut");
     fs.shutdown();
 }
+
+#[test]
+fn bytes_written_past_an_end_that_a_crash_rolled_back_never_show_when_the_file_grows() {
+    let node = memnode();
+    let fs = mount(&node);
+    let f = new_file(&fs, "f");
+    let data = pattern(1000, 4);
+    fs.write(f, 0, &data).unwrap();
+    fs.fsync_durable(f).unwrap();
+    // Past the end, in the same block and in a later one: written back, never committed.
+    fs.write(f, 2000, &pattern(100, 5)).unwrap();
+    fs.write(f, 2 * BS + 10, &pattern(100, 6)).unwrap();
+    fs.fsync(f).unwrap();
+    drop(fs); // crash
+    let fs = mount(&node);
+    let f = lookup(&fs, "f").unwrap();
+    assert_eq!(fs.getattr(f).unwrap().size, 1000);
+    fs.setattr(
+        f,
+        &SetAttr {
+            size: Some(4 * BS),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let got = fs.read(f, 0, 4 * BS as u32).unwrap();
+    assert_eq!(&got[..1000], &data[..]);
+    let stale = got[1000..].iter().position(|&b| b != 0);
+    assert_eq!(
+        stale, None,
+        "uncommitted bytes showed at {stale:?} past the end"
+    );
+    fs.shutdown();
+}
