@@ -2,8 +2,9 @@
 //! one), mounting, the periodic flusher, and clean shutdown on SIGINT/SIGTERM.
 
 use crate::fs::{Caller, RmemFs};
+use crate::fuse::ring::FuseTransport;
 use crate::fuse::{CacheMode, FuseAdapter, MountChoices};
-use crate::mount::Mounted;
+use crate::mount::{Mounted, Serving};
 use crate::remote::{Connector, RemoteConfig, RemoteStore, VolumeSpec, MAX_REPLICAS};
 use crate::stats::Snapshot;
 use crate::volume::Volume;
@@ -78,9 +79,15 @@ pub struct Options {
     /// Seconds a remote operation may take before it fails with EIO.
     #[arg(long, default_value_t = 5.0)]
     pub op_timeout: f64,
-    /// FUSE request loops running at once.
+    /// FUSE request loops running at once (with io_uring: serving threads, at
+    /// least one per CPU).
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
+    /// How the kernel hands FUSE requests to fsd: io-uring (FUSE over io_uring,
+    /// Linux 6.14, when /sys/module/fuse/parameters/enable_uring is Y), classic
+    /// (/dev/fuse), or auto: io-uring when the kernel offers it, else classic.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub fuse_transport: FuseTransport,
     /// Turn extended attributes off: every xattr call then fails with EOPNOTSUPP,
     /// as on a filesystem without them. On kernels before Linux 5.11 it also makes
     /// small writes faster: there the kernel asks fsd for "security.capability"
@@ -347,15 +354,19 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         move || fs.shutdown()
     };
     let mounted = Mounted::new(
-        FuseAdapter::new(
+        Arc::new(FuseAdapter::new(
             fs.clone(),
             MountChoices {
                 xattrs: !opts.no_xattrs,
                 cache: CacheMode::from_flags(opts.direct_io, opts.writeback_cache),
             },
-        ),
+        )),
         &opts.mountpoint,
         &config,
+        Serving {
+            transport: opts.fuse_transport,
+            threads: opts.threads,
+        },
         "fsd",
         last_resort,
     )?;

@@ -2,8 +2,11 @@
 //! or signalled. Kept apart from fsd's startup so the benchmark's null filesystem
 //! (`tools/nullfs`) mounts with exactly the same options and shutdown.
 
+use crate::fuse::ring::{FuseTransport, RingLauncher};
+use crate::fuse::{Classic, FuseOps, MAX_WRITE};
 use anyhow::Context;
 use std::io::Write;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -47,25 +50,60 @@ fn lazy_unmount(mountpoint: &Path) {
     }
 }
 
+/// How a mount is served: the transport asked for and the threads serving it.
+#[derive(Clone, Copy, Debug)]
+pub struct Serving {
+    pub transport: FuseTransport,
+    /// Request loops of the classic transport, and serving threads of the ring.
+    pub threads: usize,
+}
+
+/// The ring transport, when `serving` asks for it and this host can give it; logs
+/// the one line that says which transport serves and why when it cannot. An
+/// unavailable ring fails only a mount that insists on it.
+fn prepare_ring<O: FuseOps>(
+    ops: &Arc<O>,
+    serving: Serving,
+) -> anyhow::Result<Option<RingLauncher>> {
+    let forced = match serving.transport {
+        FuseTransport::Classic => {
+            log::info!("FUSE transport: /dev/fuse (--fuse-transport classic)");
+            return Ok(None);
+        }
+        FuseTransport::IoUring => true,
+        FuseTransport::Auto => false,
+    };
+    match RingLauncher::prepare(ops.clone(), serving.threads, MAX_WRITE as usize, forced) {
+        Ok(ring) => Ok(Some(ring)),
+        Err(e) if forced => Err(e.context("--fuse-transport io-uring")),
+        Err(e) => {
+            log::info!("FUSE transport: /dev/fuse: {e:#}");
+            Ok(None)
+        }
+    }
+}
+
 /// A mounted filesystem, not yet serving, whose SIGINT/SIGTERM unmount it.
-pub struct Mounted<FS: fuser::Filesystem> {
-    session: fuser::Session<FS>,
+pub struct Mounted<O: FuseOps> {
+    session: fuser::Session<Classic<O>>,
     session_over: Arc<AtomicBool>,
     signal_handle: signal_hook::iterator::Handle,
     signal_thread: JoinHandle<()>,
 }
 
-impl<FS: fuser::Filesystem> Mounted<FS> {
-    /// Mounts `fs` on `mountpoint` and prints "`who` mounted MOUNTPOINT" on stdout.
-    /// The first SIGINT or SIGTERM unmounts (lazily when busy: the session then ends
-    /// when the last open file closes); a second one runs `last_resort` and exits.
+impl<O: FuseOps> Mounted<O> {
+    /// Mounts `ops` on `mountpoint`, served as `serving` asks, and prints "`who`
+    /// mounted MOUNTPOINT" on stdout. The first SIGINT or SIGTERM unmounts (lazily
+    /// when busy: the session then ends when the last open file closes); a second
+    /// one runs `last_resort` and exits.
     pub fn new(
-        fs: FS,
+        ops: Arc<O>,
         mountpoint: &Path,
         config: &fuser::Config,
+        serving: Serving,
         who: &str,
         last_resort: impl FnOnce() + Send + 'static,
-    ) -> anyhow::Result<Mounted<FS>> {
+    ) -> anyhow::Result<Mounted<O>> {
         // Handlers go in before mounting: a SIGTERM that comes as soon as the mount
         // is visible (a script that mounts and stops at once) is queued for the
         // thread below instead of killing the process with the default action and
@@ -75,8 +113,16 @@ impl<FS: fuser::Filesystem> Mounted<FS> {
             signal_hook::consts::SIGTERM,
         ])
         .context("installing signal handlers")?;
-        let mut session = fuser::Session::new(fs, mountpoint, config)
+        let ring = prepare_ring(&ops, serving)?;
+        let mut session = fuser::Session::new(Classic::new(ops, ring.clone()), mountpoint, config)
             .with_context(|| format!("mounting on {}", mountpoint.display()))?;
+        if let Some(ring) = &ring {
+            let fd = session
+                .as_fd()
+                .try_clone_to_owned()
+                .context("duplicating the /dev/fuse descriptor for the ring")?;
+            ring.set_device(fd);
+        }
         let mut unmounter = session.unmount_callable();
         println!("{who} mounted {}", mountpoint.display());
         let _ = std::io::stdout().flush();

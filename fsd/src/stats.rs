@@ -37,6 +37,9 @@ pub struct Snapshot {
     pub block_size: u64,
     pub copies_restored: u64,
     pub replicas: u64,
+    /// FUSE requests answered through the io_uring transport (0 when /dev/fuse
+    /// serves the mount).
+    pub fuse_ring_requests: u64,
     /// Per memnode, in command-line order.
     pub node_up: Vec<bool>,
     /// As of the last maintenance pass (once a second).
@@ -74,6 +77,7 @@ impl Snapshot {
             block_size: fs.remote().block_size(),
             copies_restored: get(&r.copies_restored),
             replicas: fs.remote().replicas() as u64,
+            fuse_ring_requests: get(&crate::fuse::ring::RING_REQUESTS),
             node_up: (0..fs.remote().node_count())
                 .map(|i| fs.remote().node_is_up(i))
                 .collect(),
@@ -112,6 +116,7 @@ impl Snapshot {
             ("cache_capacity_pages", self.cache_capacity_pages),
             ("block_size", self.block_size),
             ("replicas", self.replicas),
+            ("fuse_ring_requests", self.fuse_ring_requests),
             ("nodes_up", up),
             ("nodes_down", self.node_up.len() as u64 - up),
             ("blocks", rd.blocks),
@@ -192,7 +197,7 @@ mod tests {
         assert!(json.contains("\"remote_read_bytes\": 196608,"), "{json}");
         assert!(json.contains("\"chunk_allocs\": 1,"), "{json}");
         assert!(json.contains("\"block_size\": 65536,"), "{json}");
-        assert_eq!(json.matches(':').count(), 22 + 7 + 2 * 2);
+        assert_eq!(json.matches(':').count(), 23 + 7 + 2 * 2);
     }
 
     #[test]

@@ -37,7 +37,8 @@ impl FsdMount {
     /// `fsd MOUNTPOINT --transport T ARGS...` on a fresh temporary mountpoint, T being
     /// what `RMEMFS_TRANSPORT` names (it also carries fsd's embedded memnode when ARGS
     /// name no `--memnode`). `--op-timeout $RMEMFS_TEST_OP_TIMEOUT` is added when that
-    /// is set and ARGS have no `--op-timeout`.
+    /// is set and ARGS have no `--op-timeout`, and likewise `--fuse-transport
+    /// $RMEMFS_FUSE_TRANSPORT`.
     pub fn start(args: &[&str]) -> FsdMount {
         FsdMount::launch(transport::transport(), false, args)
     }
@@ -103,6 +104,9 @@ impl FsdMount {
         let mut args: Vec<String> = vec!["--transport".to_string(), transport.to_string()];
         if let Some(t) = transport::op_timeout().filter(|_| !given("--op-timeout")) {
             args.extend(["--op-timeout".to_string(), t]);
+        }
+        if let Some(t) = transport::fuse_transport().filter(|_| !given("--fuse-transport")) {
+            args.extend(["--fuse-transport".to_string(), t]);
         }
         args.extend(test_args.iter().map(|a| a.to_string()));
         let argv: Vec<String> = std::iter::once(mountpoint.to_string_lossy().into_owned())

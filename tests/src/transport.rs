@@ -13,6 +13,10 @@
 //!   ([`fabric::local_host`]), because RoCE cannot reach loopback.
 //! - `RMEMFS_TEST_OP_TIMEOUT`: seconds, passed to fsd as `--op-timeout` unless the test
 //!   gives its own (emulated RDMA is slow and jittery; fsd's default is 5 s).
+//! - `RMEMFS_FUSE_TRANSPORT`: `io-uring`, `classic` or `auto`, passed to fsd as
+//!   `--fuse-transport` unless the test gives its own: scripts/test runs the suite once
+//!   on each (with `io-uring` fsd refuses to mount where the kernel cannot serve it,
+//!   so the run fails loudly instead of quietly testing /dev/fuse).
 //!
 //! The first daemon a test starts prints one line saying which transport it runs on.
 
@@ -66,6 +70,16 @@ pub fn op_timeout() -> Option<String> {
     match v.parse::<f64>() {
         Ok(s) if s > 0.0 => Some(v),
         _ => panic!("RMEMFS_TEST_OP_TIMEOUT={v:?} is not a positive number of seconds"),
+    }
+}
+
+/// `RMEMFS_FUSE_TRANSPORT`, when set: fsd's `--fuse-transport` for tests that set
+/// none.
+pub fn fuse_transport() -> Option<String> {
+    let v = non_empty_env("RMEMFS_FUSE_TRANSPORT")?;
+    match v.as_str() {
+        "io-uring" | "classic" | "auto" => Some(v),
+        _ => panic!("RMEMFS_FUSE_TRANSPORT={v:?}: expected io-uring, classic or auto"),
     }
 }
 

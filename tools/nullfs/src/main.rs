@@ -1,14 +1,16 @@
-//! `nullfs MOUNTPOINT [--threads N] [--direct-io | --writeback-cache]`: a FUSE
-//! filesystem that keeps no data, for the benchmark only. It measures the ceiling FUSE
-//! itself puts on any FUSE filesystem on this host: writes are dropped (the file only
-//! grows), reads return zeros from one static buffer, and the namespace is a flat
-//! directory in memory.
+//! `nullfs MOUNTPOINT [--threads N] [--direct-io | --writeback-cache]
+//! [--fuse-transport auto|io-uring|classic]`: a FUSE filesystem that keeps no data,
+//! for the benchmark only. It measures the ceiling FUSE itself puts on any FUSE
+//! filesystem on this host: writes are dropped (the file only grows), reads return
+//! the transport's buffer as it is, unwritten (zeros on /dev/fuse), and the namespace
+//! is a flat directory in memory.
 //!
 //! A fair ceiling for fsd because everything FUSE-side is the same, taken from fsd
 //! itself: the same fuser, init settings (`fsd::fuse::configure_kernel`), entry and
 //! attribute TTL, open flags (through the page cache, or not with `--direct-io` as
 //! with fsd's; written back by the kernel with `--writeback-cache`), mount options and
-//! number of request loops (`fsd::mount`), and the same kind of answer to getxattr.
+//! number of request loops (`fsd::mount`), the same transports (`fsd::fuse`: fuser's
+//! /dev/fuse loop, or FUSE over io_uring), and the same kind of answer to getxattr.
 //! The only work left is FUSE's own: the kernel's copies and the round trips to this
 //! process. It takes over clearing setuid/setgid from the kernel as fsd does
 //! (`FUSE_HANDLE_KILLPRIV_V2`) but, keeping nothing that matters, does not clear them.
@@ -18,6 +20,7 @@ mod namespace;
 
 use anyhow::bail;
 use clap::Parser;
+use fsd::fuse::ring::FuseTransport;
 use fsd::fuse::CacheMode;
 use std::path::PathBuf;
 
@@ -38,6 +41,9 @@ struct Options {
     /// Let the kernel write back cached writes later (as fsd's --writeback-cache).
     #[arg(long)]
     writeback_cache: bool,
+    /// How the kernel hands FUSE requests over (as fsd's --fuse-transport).
+    #[arg(long, value_enum, default_value = "auto")]
+    fuse_transport: FuseTransport,
 }
 
 fn run(opts: Options) -> anyhow::Result<()> {
@@ -51,8 +57,12 @@ fn run(opts: Options) -> anyhow::Result<()> {
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let config = fsd::mount::config("nullfs", opts.threads, uid == 0);
     let cache = CacheMode::from_flags(opts.direct_io, opts.writeback_cache);
-    let fs = fuse::NullFs::new(uid, gid, cache);
-    fsd::mount::Mounted::new(fs, &opts.mountpoint, &config, "nullfs", || {})?.run()?;
+    let fs = std::sync::Arc::new(fuse::NullFs::new(uid, gid, cache));
+    let serving = fsd::mount::Serving {
+        transport: opts.fuse_transport,
+        threads: opts.threads,
+    };
+    fsd::mount::Mounted::new(fs, &opts.mountpoint, &config, serving, "nullfs", || {})?.run()?;
     log::info!("unmounted {}", opts.mountpoint.display());
     Ok(())
 }

@@ -1,0 +1,431 @@
+//! fsd's answers to FUSE requests: each calls the core ([`RmemFs`]) and maps its
+//! error with [`errno`], whichever transport carried the request.
+
+use super::ops::{xattr_answer, DirSink, FuseOps, Opened, Req, SetAttrIn, Statfs, Xattr};
+use super::{configure_kernel, errno, CacheMode};
+use crate::error::FsError;
+use crate::fs::{Allocate, Caller, RmemFs, Seek, SetAttr, SetTime, SetXattrMode};
+use crate::inode::{Attr, FileKind};
+use crate::namespace::RenameMode;
+use crate::privs::KillPrivs;
+use fuser::{Errno, FileAttr, FileType, INodeNo, KernelConfig, TimeOrNow};
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::Arc;
+
+fn file_type(k: FileKind) -> FileType {
+    match k {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDevice => FileType::CharDevice,
+        FileKind::BlockDevice => FileType::BlockDevice,
+    }
+}
+
+fn file_attr(a: &Attr, block_size: u32) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.allocated / 512,
+        atime: a.atime,
+        mtime: a.mtime,
+        ctime: a.ctime,
+        crtime: a.ctime,
+        kind: file_type(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: block_size,
+        flags: 0,
+    }
+}
+
+fn caller(req: &Req) -> Caller {
+    Caller {
+        uid: req.uid,
+        gid: req.gid,
+    }
+}
+
+fn set_time(t: TimeOrNow) -> SetTime {
+    match t {
+        TimeOrNow::SpecificTime(t) => SetTime::At(t),
+        TimeOrNow::Now => SetTime::Now,
+    }
+}
+
+fn mapped<T>(r: Result<T, FsError>) -> Result<T, Errno> {
+    r.map_err(|e| errno(&e))
+}
+
+/// The `fallocate` modes rmemfs implements; anything else is EOPNOTSUPP, as on a
+/// local filesystem that lacks the mode.
+fn allocate_mode(mode: i32) -> Result<Allocate, Errno> {
+    let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+    match mode & !libc::FALLOC_FL_KEEP_SIZE {
+        0 => Ok(Allocate::Reserve { keep_size }),
+        libc::FALLOC_FL_PUNCH_HOLE if keep_size => Ok(Allocate::PunchHole),
+        libc::FALLOC_FL_ZERO_RANGE => Ok(Allocate::ZeroRange { keep_size }),
+        _ => Err(Errno::EOPNOTSUPP),
+    }
+}
+
+/// What fsd's command line chooses about the mount.
+#[derive(Clone, Copy, Debug)]
+pub struct MountChoices {
+    /// False answers every xattr request ENOSYS, which the kernel takes as "no
+    /// extended attributes here": it stops sending them (the getxattr before every
+    /// write included) and fails the calls with EOPNOTSUPP.
+    pub xattrs: bool,
+    pub cache: CacheMode,
+}
+
+pub struct FuseAdapter {
+    fs: Arc<RmemFs>,
+    block_size: u32,
+    choices: MountChoices,
+}
+
+impl FuseAdapter {
+    pub fn new(fs: Arc<RmemFs>, choices: MountChoices) -> FuseAdapter {
+        let block_size = fs.remote().block_size().min(u32::MAX as u64) as u32;
+        FuseAdapter {
+            fs,
+            block_size,
+            choices,
+        }
+    }
+
+    fn attr(&self, r: Result<Attr, FsError>) -> Result<FileAttr, Errno> {
+        mapped(r).map(|a| file_attr(&a, self.block_size))
+    }
+
+    fn opened(&self) -> Opened {
+        Opened {
+            fh: 0,
+            flags: self.choices.cache.fopen_flags(),
+        }
+    }
+
+    fn xattrs_on(&self) -> Result<(), Errno> {
+        if self.choices.xattrs {
+            Ok(())
+        } else {
+            Err(Errno::ENOSYS)
+        }
+    }
+}
+
+impl FuseOps for FuseAdapter {
+    fn configure(&self, config: &mut KernelConfig) {
+        configure_kernel(config, self.choices.cache);
+    }
+
+    fn destroy(&self) {
+        self.fs.shutdown();
+    }
+
+    fn lookup(&self, _req: &Req, parent: u64, name: &OsStr) -> Result<FileAttr, Errno> {
+        self.attr(self.fs.lookup(parent, name))
+    }
+
+    fn forget(&self, ino: u64, nlookup: u64) {
+        self.fs.forget(ino, nlookup);
+    }
+
+    fn getattr(&self, _req: &Req, ino: u64) -> Result<FileAttr, Errno> {
+        self.attr(self.fs.getattr(ino))
+    }
+
+    fn setattr(&self, req: &Req, ino: u64, c: &SetAttrIn) -> Result<FileAttr, Errno> {
+        // With FUSE_HANDLE_KILLPRIV_V2 the kernel leaves setuid/setgid to us. fuser
+        // hides the request's FATTR_KILL_SUIDGID bit, so both transports rebuild it
+        // from what the kernel sends: a chown clears them; a truncate clears them
+        // unless the caller has CAP_FSETID; a SETATTR that sets nothing is
+        // chown(f, -1, -1) or the kernel's file_remove_privs for an unprivileged
+        // write, fallocate or copy_file_range, and clears them too. A `mode` given
+        // alongside still wins.
+        let kill_privs = if c.uid.is_some() || c.gid.is_some() {
+            KillPrivs::Yes
+        } else if c.size.is_some() {
+            KillPrivs::UnlessCallerHasFsetid(req.pid)
+        } else if c.mode.is_none() && c.atime.is_none() && c.mtime.is_none() {
+            KillPrivs::Yes
+        } else {
+            KillPrivs::No
+        };
+        let change = SetAttr {
+            mode: c.mode,
+            uid: c.uid,
+            gid: c.gid,
+            size: c.size,
+            atime: c.atime.map(set_time),
+            mtime: c.mtime.map(set_time),
+            kill_privs,
+        };
+        self.attr(self.fs.setattr(ino, &change))
+    }
+
+    fn readlink(&self, _req: &Req, ino: u64) -> Result<Vec<u8>, Errno> {
+        mapped(self.fs.readlink(ino)).map(|t| t.into_os_string().into_encoded_bytes())
+    }
+
+    fn mknod(
+        &self,
+        req: &Req,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    ) -> Result<FileAttr, Errno> {
+        let kind = match mode & libc::S_IFMT {
+            libc::S_IFREG | 0 => FileKind::File,
+            libc::S_IFIFO => FileKind::Fifo,
+            libc::S_IFSOCK => FileKind::Socket,
+            libc::S_IFCHR => FileKind::CharDevice,
+            libc::S_IFBLK => FileKind::BlockDevice,
+            _ => return Err(Errno::EINVAL),
+        };
+        self.attr(
+            self.fs
+                .mknod(parent, name, kind, mode & !umask, rdev, caller(req)),
+        )
+    }
+
+    fn mkdir(
+        &self,
+        req: &Req,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+    ) -> Result<FileAttr, Errno> {
+        self.attr(self.fs.mkdir(parent, name, mode & !umask, caller(req)))
+    }
+
+    fn unlink(&self, _req: &Req, parent: u64, name: &OsStr) -> Result<(), Errno> {
+        mapped(self.fs.unlink(parent, name))
+    }
+
+    fn rmdir(&self, _req: &Req, parent: u64, name: &OsStr) -> Result<(), Errno> {
+        mapped(self.fs.rmdir(parent, name))
+    }
+
+    fn symlink(
+        &self,
+        req: &Req,
+        parent: u64,
+        name: &OsStr,
+        target: &Path,
+    ) -> Result<FileAttr, Errno> {
+        self.attr(self.fs.symlink(parent, name, target, caller(req)))
+    }
+
+    fn rename(
+        &self,
+        _req: &Req,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+    ) -> Result<(), Errno> {
+        let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE;
+        if flags & !known != 0 {
+            return Err(Errno::EINVAL); // RENAME_WHITEOUT and anything newer
+        }
+        let mode = RenameMode {
+            no_replace: flags & libc::RENAME_NOREPLACE != 0,
+            exchange: flags & libc::RENAME_EXCHANGE != 0,
+        };
+        mapped(self.fs.rename(parent, name, newparent, newname, mode))
+    }
+
+    fn link(
+        &self,
+        _req: &Req,
+        ino: u64,
+        newparent: u64,
+        newname: &OsStr,
+    ) -> Result<FileAttr, Errno> {
+        self.attr(self.fs.link(ino, newparent, newname))
+    }
+
+    fn open(&self, _req: &Req, ino: u64, _flags: i32) -> Result<Opened, Errno> {
+        mapped(self.fs.open(ino)).map(|_| self.opened())
+    }
+
+    fn read(
+        &self,
+        _req: &Req,
+        ino: u64,
+        _fh: u64,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, Errno> {
+        let len = buf.len().min(u32::MAX as usize) as u32;
+        let data = mapped(self.fs.read(ino, offset, len))?;
+        let n = data.len().min(buf.len());
+        buf[..n].copy_from_slice(&data[..n]);
+        Ok(n)
+    }
+
+    fn write(
+        &self,
+        _req: &Req,
+        ino: u64,
+        _fh: u64,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> Result<u32, Errno> {
+        // The kernel has checked the writer's CAP_FSETID (FUSE_HANDLE_KILLPRIV_V2).
+        if kill_suidgid {
+            mapped(self.fs.kill_privs(ino))?;
+        }
+        mapped(self.fs.write(ino, offset, data))
+    }
+
+    fn flush(&self, _req: &Req, ino: u64, _fh: u64) -> Result<(), Errno> {
+        mapped(self.fs.fsync(ino))
+    }
+
+    fn release(&self, _req: &Req, ino: u64, _fh: u64) -> Result<(), Errno> {
+        mapped(self.fs.release(ino))
+    }
+
+    fn fsync(&self, _req: &Req, ino: u64, _fh: u64, _datasync: bool) -> Result<(), Errno> {
+        mapped(self.fs.fsync_durable(ino))
+    }
+
+    fn readdir(
+        &self,
+        _req: &Req,
+        ino: u64,
+        offset: u64,
+        out: &mut dyn DirSink,
+    ) -> Result<(), Errno> {
+        // Enough entries to fill a reply buffer; the kernel asks again for more.
+        for e in mapped(self.fs.readdir(ino, offset, 512))? {
+            if out.add(e.ino, e.offset, file_type(e.kind), &e.name) {
+                break; // buffer full
+            }
+        }
+        Ok(())
+    }
+
+    fn fsyncdir(&self, _req: &Req, _ino: u64, _datasync: bool) -> Result<(), Errno> {
+        // On a volume, a directory's entries become durable with the next commit.
+        mapped(self.fs.commit())
+    }
+
+    fn statfs(&self, _req: &Req, _ino: u64) -> Result<Statfs, Errno> {
+        let s = self.fs.statfs();
+        let bs = s.block_size;
+        // Inodes are limited only by fsd's memory; report a large, honest-enough pool.
+        let files = 1u64 << 32;
+        Ok(Statfs {
+            blocks: s.total_bytes / bs,
+            bfree: s.free_bytes / bs,
+            bavail: s.free_bytes / bs,
+            files,
+            ffree: files.saturating_sub(s.inodes),
+            bsize: bs as u32,
+            namelen: crate::namespace::MAX_NAME as u32,
+            frsize: bs as u32,
+        })
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Req,
+        ino: u64,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+    ) -> Result<(), Errno> {
+        let known = libc::XATTR_CREATE | libc::XATTR_REPLACE;
+        if flags & !known != 0 {
+            return Err(Errno::EINVAL);
+        }
+        self.xattrs_on()?;
+        let mode = SetXattrMode {
+            create: flags & libc::XATTR_CREATE != 0,
+            replace: flags & libc::XATTR_REPLACE != 0,
+        };
+        mapped(self.fs.setxattr(ino, name, value, mode))
+    }
+
+    fn getxattr(&self, _req: &Req, ino: u64, name: &OsStr, size: u32) -> Result<Xattr, Errno> {
+        self.xattrs_on()?;
+        xattr_answer(mapped(self.fs.getxattr(ino, name))?, size)
+    }
+
+    fn listxattr(&self, _req: &Req, ino: u64, size: u32) -> Result<Xattr, Errno> {
+        self.xattrs_on()?;
+        xattr_answer(mapped(self.fs.listxattr(ino))?, size)
+    }
+
+    fn removexattr(&self, _req: &Req, ino: u64, name: &OsStr) -> Result<(), Errno> {
+        self.xattrs_on()?;
+        mapped(self.fs.removexattr(ino, name))
+    }
+
+    fn create(
+        &self,
+        req: &Req,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+    ) -> Result<(FileAttr, Opened), Errno> {
+        let a = self.attr(self.fs.create(parent, name, mode & !umask, caller(req)))?;
+        Ok((a, self.opened()))
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Req,
+        ino: u64,
+        _fh: u64,
+        offset: u64,
+        length: u64,
+        mode: i32,
+    ) -> Result<(), Errno> {
+        let how = allocate_mode(mode)?;
+        mapped(self.fs.fallocate(ino, offset, length, how))
+    }
+
+    fn lseek(
+        &self,
+        _req: &Req,
+        ino: u64,
+        _fh: u64,
+        offset: i64,
+        whence: i32,
+    ) -> Result<i64, Errno> {
+        // fsd cannot see the pages the kernel has not written back, so it cannot
+        // tell data from holes: ENOSYS makes the kernel answer from then on as for
+        // a file without holes (the whole file is data), which is never wrong.
+        if self.choices.cache == CacheMode::WriteBack {
+            return Err(Errno::ENOSYS);
+        }
+        // The kernel forwards only SEEK_DATA and SEEK_HOLE; it does the others itself.
+        let what = match whence {
+            libc::SEEK_DATA => Seek::Data,
+            libc::SEEK_HOLE => Seek::Hole,
+            _ => return Err(Errno::EINVAL),
+        };
+        let Ok(offset) = u64::try_from(offset) else {
+            return Err(Errno::ENXIO);
+        };
+        mapped(self.fs.seek(ino, offset, what)).map(|pos| pos as i64)
+    }
+}

@@ -1,0 +1,479 @@
+//! FUSE over io_uring (Linux 6.14, `CONFIG_FUSE_IO_URING`, on when
+//! `/sys/module/fuse/parameters/enable_uring` is Y): the kernel hands requests to
+//! buffers the daemon registered, one queue per CPU, and the daemon answers a request
+//! and fetches the next in one submission (COMMIT_AND_FETCH) instead of a write(2)
+//! and a read(2) on /dev/fuse.
+//!
+//! How it fits beside fuser, which has no ring code (its issue #380): fuser still
+//! mounts and runs its /dev/fuse loop. At FUSE_INIT, [`RingLauncher::negotiate`]
+//! asks for FUSE_OVER_IO_URING; once every queue has an entry registered the kernel
+//! sends every request there, except FORGET and INTERRUPT, which stay on /dev/fuse
+//! with fuser (as do notifications). Both paths answer through the same
+//! [`FuseOps`], so the filesystem is one.
+//!
+//! Threads: each owns one io_uring and one ring entry (a 288-byte header buffer and a
+//! payload buffer as large as the largest request) and serves its queue
+//! synchronously: wait, answer, commit-and-fetch. Several threads per queue let
+//! requests that wait on remote memory overlap. The rings and buffers are made
+//! before mounting: the kernel holds every request of a connection that negotiated
+//! io_uring until the ring is ready, so fsd must not promise a ring it cannot build.
+//!
+//! Teardown: unmount (or fsd's exit) aborts the connection; the kernel completes
+//! every registered entry with ENOTCONN, a commit after that fails the same way, and
+//! the threads end. A request being answered then has no one to answer to, as on
+//! /dev/fuse.
+
+mod abi;
+mod dispatch;
+
+use super::ops::FuseOps;
+use anyhow::{anyhow, bail, Context};
+use fuser::{InitFlags, KernelConfig};
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use std::alloc::Layout;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Requests answered through the ring since fsd started (statistics; the proof in
+/// tests that the ring serves).
+pub static RING_REQUESTS: AtomicU64 = AtomicU64::new(0);
+
+const ENABLE_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+/// How long registration retries while the kernel finishes FUSE_INIT (EAGAIN).
+const REGISTER_PATIENCE: Duration = Duration::from_secs(10);
+/// How long stopping waits for the threads to see the connection end.
+const STOP_PATIENCE: Duration = Duration::from_secs(5);
+
+/// Which transport serves a mount (`--fuse-transport`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FuseTransport {
+    /// io_uring when the kernel offers it, else /dev/fuse.
+    Auto,
+    /// io_uring, or fail to mount.
+    #[value(name = "io-uring")]
+    IoUring,
+    /// fuser's /dev/fuse loop.
+    Classic,
+}
+
+/// The kernel's number of FUSE queues: one per possible CPU (`nr_cpu_ids`), which
+/// `/sys/devices/system/cpu/possible` ("0-1", "0-3,6") tells by its highest id.
+fn possible_cpus() -> anyhow::Result<usize> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .context("reading /sys/devices/system/cpu/possible")?;
+    let last = text
+        .trim()
+        .rsplit([',', '-'])
+        .next()
+        .and_then(|s| s.parse::<usize>().ok())
+        .ok_or_else(|| anyhow!("cannot parse possible CPUs {text:?}"))?;
+    Ok(last + 1)
+}
+
+/// Why the kernel would not serve FUSE over io_uring, from its module parameter.
+fn kernel_refusal() -> Option<String> {
+    match std::fs::read_to_string(ENABLE_PARAM) {
+        Err(_) => Some(format!(
+            "this kernel has no FUSE over io_uring ({ENABLE_PARAM} is missing: \
+             CONFIG_FUSE_IO_URING, Linux 6.14)"
+        )),
+        Ok(v) if v.trim() != "Y" => Some(format!(
+            "FUSE over io_uring is off ({ENABLE_PARAM} is {}; as root: echo Y > {ENABLE_PARAM})",
+            v.trim()
+        )),
+        Ok(_) => None,
+    }
+}
+
+/// A buffer the kernel writes into while it is registered: page-aligned, never
+/// moved or resized.
+struct PinnedBuf {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+// SAFETY: the buffer is owned by one thread at a time; the raw pointer is only a
+// heap allocation's address.
+unsafe impl Send for PinnedBuf {}
+
+impl PinnedBuf {
+    fn new(len: usize) -> anyhow::Result<PinnedBuf> {
+        let layout = Layout::from_size_align(len.max(1), 4096)?;
+        // SAFETY: layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            bail!("out of memory for a {len}-byte ring buffer");
+        }
+        Ok(PinnedBuf { ptr, layout })
+    }
+
+    fn slice(&mut self) -> &mut [u8] {
+        // SAFETY: ptr is a live allocation of layout.size() bytes owned by self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for PinnedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in new() with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// The io_uring SQE128 of a FUSE ring command. io-uring's UringCmd80 has no `len`,
+/// which REGISTER needs (the number of iovecs, 2), so it is set in the SQE's bytes.
+fn ring_cmd(
+    fd: i32,
+    cmd_op: u32,
+    qid: u16,
+    commit_id: u64,
+    iovecs: Option<&[libc::iovec; 2]>,
+) -> squeue::Entry128 {
+    let mut cmd = [0u8; 80];
+    cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
+    cmd[16..18].copy_from_slice(&qid.to_ne_bytes());
+    let mut e = opcode::UringCmd80::new(types::Fd(fd), cmd_op).cmd(cmd);
+    if let Some(iov) = iovecs {
+        e = e.addr(Some(iov.as_ptr() as u64));
+    }
+    let e = e.build();
+    match iovecs {
+        Some(iov) => set_sqe_len(e, iov.len() as u32),
+        None => e,
+    }
+}
+
+/// Offset of `len` in `struct io_uring_sqe` (after opcode, flags, ioprio, fd, off,
+/// addr).
+const SQE_LEN_AT: usize = 24;
+
+fn set_sqe_len(e: squeue::Entry128, len: u32) -> squeue::Entry128 {
+    // SAFETY: Entry128 is a repr(C) 128-byte plain-data SQE (io-uring asserts its
+    // size); every byte pattern is a valid value of it.
+    let mut raw: [u8; 128] = unsafe { std::mem::transmute(e) };
+    raw[SQE_LEN_AT..SQE_LEN_AT + 4].copy_from_slice(&len.to_ne_bytes());
+    // SAFETY: as above.
+    unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
+}
+
+type Ring = IoUring<squeue::Entry128, cqueue::Entry>;
+
+/// A ring for one thread: single issuer with task work deferred to its own waits
+/// (the kernel's recommended mode for a thread that only submits and waits), or a
+/// plain one where the kernel lacks those flags.
+fn new_ring() -> std::io::Result<Ring> {
+    IoUring::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .build(4)
+        .or_else(|_| IoUring::builder().build(4))
+}
+
+/// Submits `e` and waits for its completion: the CQE's result.
+fn submit_one(ring: &mut Ring, e: &squeue::Entry128) -> std::io::Result<i32> {
+    // SAFETY: the SQE's buffers (iovecs, header, payload) outlive the request: they
+    // belong to the serving thread, which waits for the completion here.
+    unsafe { ring.submission().push(e) }.map_err(|_| std::io::Error::other("ring SQ full"))?;
+    loop {
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(e) => return Err(e),
+        }
+        if let Some(cqe) = ring.completion().next() {
+            return Ok(cqe.result());
+        }
+    }
+}
+
+/// What the serving threads wait for: the kernel's yes at FUSE_INIT and the
+/// /dev/fuse descriptor, which fuser hands over only once FUSE_INIT is done (its
+/// Session::new performs the handshake).
+#[derive(Default)]
+struct Go {
+    negotiated: bool,
+    device: Option<Arc<OwnedFd>>,
+    cancelled: bool,
+}
+
+struct Shared {
+    go: Mutex<Go>,
+    go_cv: Condvar,
+    /// Serving threads still running, and a way to wait for none.
+    alive: Mutex<usize>,
+    alive_cv: Condvar,
+    forced: bool,
+    describe: String,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The ring transport of one mount, from before mounting until its threads end.
+#[derive(Clone)]
+pub struct RingLauncher {
+    shared: Arc<Shared>,
+}
+
+impl RingLauncher {
+    /// Makes the rings and buffers for `threads` serving threads spread over the
+    /// kernel's queues (at least one per queue), or says why it cannot. The threads
+    /// wait for [`negotiate`](Self::negotiate).
+    pub fn prepare<O: FuseOps>(
+        ops: Arc<O>,
+        threads: usize,
+        payload_len: usize,
+        forced: bool,
+    ) -> anyhow::Result<RingLauncher> {
+        if let Some(why) = kernel_refusal() {
+            bail!(why);
+        }
+        let queues = possible_cpus()?;
+        if queues > u16::MAX as usize {
+            bail!("{queues} CPUs: more FUSE queues than a ring command can name");
+        }
+        let per_queue = threads.div_ceil(queues).max(1);
+        let shared = Arc::new(Shared {
+            go: Mutex::new(Go::default()),
+            go_cv: Condvar::new(),
+            alive: Mutex::new(0),
+            alive_cv: Condvar::new(),
+            forced,
+            describe: format!("{queues} queues x {per_queue} threads"),
+        });
+        let (ready_tx, ready_rx) = mpsc::channel();
+        for t in 0..queues * per_queue {
+            let qid = (t % queues) as u16;
+            let (ops, shared, ready_tx) = (ops.clone(), shared.clone(), ready_tx.clone());
+            *lock(&shared.alive) += 1;
+            std::thread::Builder::new()
+                .name(format!("fuse-ring-{qid}"))
+                .spawn(move || {
+                    serve_queue(&*ops, qid, payload_len, &shared, ready_tx);
+                    let mut alive = lock(&shared.alive);
+                    *alive -= 1;
+                    shared.alive_cv.notify_all();
+                })
+                .context("starting a FUSE ring thread")?;
+        }
+        drop(ready_tx);
+        let launcher = RingLauncher { shared };
+        for r in ready_rx.iter().take(queues * per_queue) {
+            if let Err(e) = r {
+                launcher.cancel();
+                return Err(e);
+            }
+        }
+        Ok(launcher)
+    }
+
+    /// The mount's /dev/fuse descriptor, which ring commands go to.
+    pub fn set_device(&self, fd: OwnedFd) {
+        lock(&self.shared.go).device = Some(Arc::new(fd));
+        self.shared.go_cv.notify_all();
+    }
+
+    /// At FUSE_INIT: asks for FUSE_OVER_IO_URING and lets the threads register once
+    /// the kernel has it; logs which transport serves the mount and why.
+    pub fn negotiate(&self, config: &mut KernelConfig) {
+        let offered = config
+            .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+            .is_ok();
+        if offered {
+            log::info!(
+                "FUSE transport: io_uring ({}), the kernel offered it at FUSE_INIT",
+                self.shared.describe
+            );
+            lock(&self.shared.go).negotiated = true;
+            self.shared.go_cv.notify_all();
+        } else {
+            let why = "the kernel did not offer FUSE_OVER_IO_URING at FUSE_INIT";
+            if self.shared.forced {
+                log::error!("--fuse-transport io-uring: {why}; requests go to /dev/fuse");
+            } else {
+                log::info!("FUSE transport: /dev/fuse: {why}");
+            }
+            self.cancel();
+        }
+    }
+
+    fn cancel(&self) {
+        lock(&self.shared.go).cancelled = true;
+        self.shared.go_cv.notify_all();
+    }
+
+    /// Waits (a while) for the threads to end, after the connection ended.
+    pub fn stop(&self) {
+        self.cancel();
+        let deadline = Instant::now() + STOP_PATIENCE;
+        let mut alive = lock(&self.shared.alive);
+        while *alive > 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                log::warn!("{} FUSE ring threads still running at shutdown", *alive);
+                return;
+            }
+            alive = self
+                .shared
+                .alive_cv
+                .wait_timeout(alive, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// Pins the calling thread to `cpu`: requests of tasks on that CPU come to its
+/// queue. Best effort; the kernel routes requests whatever CPU serves them.
+fn pin_to(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; CPU_SET stays in bounds for cpu < CPU_SETSIZE.
+    unsafe {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return;
+        }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        let _ = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+fn is_connection_end(err: i32) -> bool {
+    matches!(
+        -err,
+        libc::ENOTCONN | libc::ECONNABORTED | libc::ENODEV | libc::ECANCELED
+    )
+}
+
+/// One serving thread: makes its ring, waits for the go, registers its entry on
+/// queue `qid`, then answers requests until the connection ends.
+fn serve_queue<O: FuseOps + ?Sized>(
+    ops: &O,
+    qid: u16,
+    payload_len: usize,
+    shared: &Shared,
+    ready: mpsc::Sender<anyhow::Result<()>>,
+) {
+    let made = new_ring()
+        .context("io_uring is unavailable (kernel.io_uring_disabled?)")
+        .and_then(|ring| {
+            Ok((
+                ring,
+                PinnedBuf::new(abi::HEADER_LEN)?,
+                PinnedBuf::new(payload_len)?,
+            ))
+        });
+    let (mut ring, mut header, mut payload) = match made {
+        Ok(m) => {
+            let _ = ready.send(Ok(()));
+            m
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    drop(ready);
+    let fd = {
+        let mut go = lock(&shared.go);
+        loop {
+            if go.cancelled {
+                return;
+            }
+            if let (true, Some(fd)) = (go.negotiated, &go.device) {
+                break fd.clone();
+            }
+            go = shared.go_cv.wait(go).unwrap_or_else(|e| e.into_inner());
+        }
+    };
+    pin_to(qid as usize);
+    let raw = fd.as_raw_fd();
+    let iovecs = [
+        libc::iovec {
+            iov_base: header.ptr.cast(),
+            iov_len: abi::HEADER_LEN,
+        },
+        libc::iovec {
+            iov_base: payload.ptr.cast(),
+            iov_len: payload_len,
+        },
+    ];
+
+    // Registration fails with EAGAIN until the kernel has taken fuser's INIT reply.
+    let register = ring_cmd(raw, abi::CMD_REGISTER, qid, 0, Some(&iovecs));
+    let started = Instant::now();
+    let mut result = loop {
+        match submit_one(&mut ring, &register) {
+            Ok(r) if r == -libc::EAGAIN && started.elapsed() < REGISTER_PATIENCE => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            other => break other,
+        }
+    };
+    loop {
+        match result {
+            Ok(r) if r >= 0 => {}
+            Ok(r) if is_connection_end(r) => return,
+            Ok(r) => {
+                log::warn!(
+                    "FUSE ring queue {qid}: the kernel refused a command: {}; it serves \
+                     /dev/fuse instead",
+                    std::io::Error::from_raw_os_error(-r)
+                );
+                return;
+            }
+            Err(e) => {
+                log::warn!("FUSE ring queue {qid}: io_uring failed: {e}");
+                return;
+            }
+        }
+        RING_REQUESTS.fetch_add(1, Ordering::Relaxed);
+        let header: &mut [u8; abi::HEADER_LEN] = match header.slice().try_into() {
+            Ok(h) => h,
+            Err(_) => return,
+        };
+        let Some(commit_id) = dispatch::answer(ops, header, payload.slice()) else {
+            log::error!("FUSE ring queue {qid}: unreadable request header; entry given up");
+            return;
+        };
+        let commit = ring_cmd(raw, abi::CMD_COMMIT_AND_FETCH, qid, commit_id, None);
+        result = submit_one(&mut ring, &commit);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_register_command_carries_its_iovecs_and_their_count() {
+        let iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; 2];
+        let e = ring_cmd(7, abi::CMD_REGISTER, 3, 99, Some(&iov));
+        // SAFETY: as in set_sqe_len.
+        let raw: [u8; 128] = unsafe { std::mem::transmute(e) };
+        assert_eq!(raw[0], 46, "IORING_OP_URING_CMD");
+        assert_eq!(i32::from_ne_bytes(raw[4..8].try_into().unwrap()), 7);
+        assert_eq!(
+            u32::from_ne_bytes(raw[8..12].try_into().unwrap()),
+            abi::CMD_REGISTER
+        );
+        assert_eq!(
+            u64::from_ne_bytes(raw[16..24].try_into().unwrap()),
+            iov.as_ptr() as u64
+        );
+        assert_eq!(u32::from_ne_bytes(raw[24..28].try_into().unwrap()), 2);
+        // The command area starts at byte 48: flags, commit_id, qid.
+        assert_eq!(u64::from_ne_bytes(raw[56..64].try_into().unwrap()), 99);
+        assert_eq!(u16::from_ne_bytes(raw[64..66].try_into().unwrap()), 3);
+    }
+
+    #[test]
+    fn possible_cpus_reads_the_highest_cpu_id() {
+        assert!(possible_cpus().unwrap() >= 1);
+    }
+}

@@ -1,0 +1,239 @@
+//! Which FUSE transport serves a mount, and what happens when the io_uring one
+//! cannot: `--fuse-transport io-uring` is served by the ring (fsd counts the requests
+//! it answers there) with data exact after the cache is dropped; `classic` answers
+//! none there; `auto` falls back to /dev/fuse with one clear line when the kernel
+//! parameter is off or io_uring is disabled by sysctl, while `io-uring` then refuses
+//! to mount, saying why; SIGTERM in the middle of readers and writers on the ring
+//! ends fsd cleanly, with every reader and writer answered.
+//!
+//! These tests turn `/sys/module/fuse/parameters/enable_uring` and
+//! `kernel.io_uring_disabled` on and off (each restored after), so they need root and
+//! a kernel with FUSE over io_uring (Linux 6.14, CONFIG_FUSE_IO_URING); they take one
+//! lock so they never overlap. Without root or that kernel they fail, saying so.
+
+use rmemfs_tests::data::assert_bytes_eq;
+use rmemfs_tests::{FsdMount, MemnodeProc, Pattern, StatsFile, MIB};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+const IO_URING_DISABLED: &str = "/proc/sys/kernel/io_uring_disabled";
+
+/// One test at a time touches the kernel's settings.
+static SETTINGS: Mutex<()> = Mutex::new(());
+
+/// A kernel setting written for one test and put back when it ends.
+struct Setting {
+    path: &'static str,
+    before: String,
+    _lock: Option<MutexGuard<'static, ()>>,
+}
+
+impl Setting {
+    fn set(path: &'static str, value: &str) -> Setting {
+        let before = std::fs::read_to_string(path).unwrap_or_else(|e| {
+            panic!(
+                "reading {path}: {e} (these tests need a kernel with FUSE over io_uring, \
+                 Linux 6.14 with CONFIG_FUSE_IO_URING)"
+            )
+        });
+        std::fs::write(path, value)
+            .unwrap_or_else(|e| panic!("writing {value} to {path}: {e} (these tests need root)"));
+        Setting {
+            path,
+            before: before.trim().to_string(),
+            _lock: None,
+        }
+    }
+}
+
+impl Drop for Setting {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::write(self.path, &self.before) {
+            eprintln!("restoring {} to {}: {e}", self.path, self.before);
+        }
+    }
+}
+
+/// The settings lock plus FUSE over io_uring on (as scripts/run and scripts/test set
+/// it), restored when the test ends.
+fn uring_on() -> (MutexGuard<'static, ()>, Setting) {
+    let lock = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+    (lock, Setting::set(ENABLE_URING, "Y"))
+}
+
+fn ring_requests(stats: &StatsFile) -> u64 {
+    stats.current().value("fuse_ring_requests")
+}
+
+/// Writes a file of patterned data, drops the page cache and fsd's (a file past
+/// `--cache 2M`), and reads it back exact.
+fn round_trip(mount: &FsdMount, name: &str) {
+    let data = Pattern::for_test(name).bytes(0, 8 * MIB as usize);
+    let path = mount.join(name);
+    std::fs::write(&path, &data).unwrap();
+    drop_page_cache();
+    assert_bytes_eq(&data, &std::fs::read(&path).unwrap(), 0, name);
+}
+
+fn drop_page_cache() {
+    std::fs::write("/proc/sys/vm/drop_caches", "3").expect("dropping the page cache");
+}
+
+fn args<'a>(stats: &'a StatsFile, transport: &'a str) -> Vec<&'a str> {
+    vec![
+        "--cache",
+        "2M",
+        "--stats-file",
+        stats.arg(),
+        "--fuse-transport",
+        transport,
+    ]
+}
+
+#[test]
+fn the_ring_serves_a_mount_that_asks_for_it_with_exact_data() {
+    let _on = uring_on();
+    let stats = StatsFile::new();
+    let mount = FsdMount::start(&args(&stats, "io-uring"));
+    round_trip(&mount, "ring-data");
+    let before = ring_requests(&stats);
+    // 64 stats of a file not yet looked up: each a LOOKUP or GETATTR at least.
+    for i in 0..64 {
+        let p = mount.join(format!("f{i}"));
+        std::fs::write(&p, b"x").unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 1);
+    }
+    let after = stats
+        .wait_for(Duration::from_secs(10), "ring requests counted", |s| {
+            s.value("fuse_ring_requests") >= before + 64 * 2
+        })
+        .value("fuse_ring_requests");
+    assert!(
+        after >= 64 * 2 + 100,
+        "the ring answered only {after} requests"
+    );
+    let log = mount.stderr();
+    assert!(
+        log.contains("FUSE transport: io_uring"),
+        "fsd should say the ring serves the mount; stderr:\n{log}"
+    );
+    mount.unmount();
+}
+
+#[test]
+fn the_classic_loop_serves_a_mount_that_asks_for_it() {
+    let _on = uring_on();
+    let stats = StatsFile::new();
+    let mount = FsdMount::start(&args(&stats, "classic"));
+    round_trip(&mount, "classic-data");
+    assert_eq!(ring_requests(&stats), 0, "no request goes through a ring");
+    assert!(mount
+        .stderr()
+        .contains("FUSE transport: /dev/fuse (--fuse-transport classic)"));
+    mount.unmount();
+}
+
+/// With the kernel's parameter off: auto mounts on /dev/fuse saying why, io-uring
+/// refuses to mount saying why.
+#[test]
+fn with_the_parameter_off_auto_falls_back_and_io_uring_refuses() {
+    let _lock = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+    let _off = Setting::set(ENABLE_URING, "N");
+    let stats = StatsFile::new();
+    let mount = FsdMount::start(&args(&stats, "auto"));
+    round_trip(&mount, "fallback-data");
+    assert_eq!(ring_requests(&stats), 0);
+    let log = mount.stderr();
+    assert!(
+        log.contains("FUSE transport: /dev/fuse") && log.contains("enable_uring is N"),
+        "fsd should say in one line that /dev/fuse serves and why; stderr:\n{log}"
+    );
+    mount.unmount();
+
+    let memnode = MemnodeProc::start("64M");
+    let refusal = FsdMount::refused(&[&memnode], &["--fuse-transport", "io-uring"]);
+    assert!(!refusal.status.success());
+    assert!(
+        refusal.stderr.contains("--fuse-transport io-uring")
+            && refusal.stderr.contains("enable_uring is N"),
+        "the refusal should name the option and the reason; stderr:\n{}",
+        refusal.stderr
+    );
+}
+
+#[test]
+fn with_io_uring_disabled_by_sysctl_auto_falls_back() {
+    let (_lock, _on) = uring_on();
+    let _disabled = Setting::set(IO_URING_DISABLED, "2");
+    let stats = StatsFile::new();
+    let mount = FsdMount::start(&args(&stats, "auto"));
+    round_trip(&mount, "no-io-uring-data");
+    assert_eq!(ring_requests(&stats), 0);
+    let log = mount.stderr();
+    assert!(
+        log.contains("FUSE transport: /dev/fuse") && log.contains("io_uring is unavailable"),
+        "fsd should say in one line that /dev/fuse serves and why; stderr:\n{log}"
+    );
+    mount.unmount();
+}
+
+/// Readers and writers busy on the ring when fsd gets SIGTERM: the unmount is
+/// lazy while their files are open, fsd serves them until they close (every read
+/// exact, every write answered), then exits 0 within the unmount deadline with
+/// nothing left mounted.
+#[test]
+fn sigterm_under_load_on_the_ring_answers_every_request_then_exits() {
+    let (_lock, _on) = uring_on();
+    let stats = StatsFile::new();
+    let mount = FsdMount::start(&args(&stats, "io-uring"));
+    let data = Arc::new(Pattern::for_test("busy").bytes(0, 4 * MIB as usize));
+    std::fs::write(mount.join("busy"), &*data).unwrap();
+    let until = Instant::now() + Duration::from_secs(3);
+    let workers: Vec<_> = (0..4)
+        .map(|i| {
+            let path = if i % 2 == 0 {
+                mount.join("busy")
+            } else {
+                mount.join(format!("w{i}"))
+            };
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .unwrap();
+            let data = data.clone();
+            std::thread::spawn(move || busy(file, i % 2 == 0, &data, until))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(ring_requests(&stats) > 0);
+    mount.unmount(); // SIGTERM; asserts exit 0 and the mount gone
+    for w in workers {
+        let done = w.join().expect("a worker failed");
+        assert!(done > 0, "a worker got nothing done");
+    }
+}
+
+/// Reads (checking every byte) or writes through `file` until `until`; returns how
+/// many it did. Panics on any error or wrong byte.
+fn busy(file: std::fs::File, reader: bool, data: &[u8], until: Instant) -> usize {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut done = 0;
+    while Instant::now() < until {
+        let at = (done % 64) * buf.len();
+        if reader {
+            file.read_exact_at(&mut buf, at as u64)
+                .unwrap_or_else(|e| panic!("read at {at} after {done}: {e}"));
+            assert!(buf == data[at..at + buf.len()], "wrong bytes at {at}");
+        } else {
+            file.write_all_at(&buf[..4096], (done % 16 * 4096) as u64)
+                .unwrap_or_else(|e| panic!("write after {done}: {e}"));
+        }
+        done += 1;
+    }
+    done
+}
