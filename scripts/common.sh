@@ -82,3 +82,30 @@ ensure_dev_fuse() {
         return 1
     fi
 }
+
+# enable_fuse_uring: turns FUSE over io_uring on (Linux 6.14+, CONFIG_FUSE_IO_URING)
+# when running as root, and says what it did; fsd then serves its mounts through the
+# ring (`fsd --fuse-transport auto`, the default) and otherwise falls back to
+# /dev/fuse, saying why. Returns non-zero only when the kernel lacks the parameter
+# or it could not be set.
+enable_fuse_uring() {
+    local param=/sys/module/fuse/parameters/enable_uring
+    if [ ! -e "$param" ]; then
+        log "this kernel has no FUSE over io_uring ($param is missing): fsd serves /dev/fuse"
+        return 1
+    fi
+    if [ "$(cat "$param")" = Y ]; then
+        log "FUSE over io_uring is on ($param is Y)"
+        return 0
+    fi
+    if [ "$(id -u)" -ne 0 ]; then
+        log "FUSE over io_uring is off and only root turns it on (echo Y > $param): fsd serves /dev/fuse"
+        return 1
+    fi
+    if echo Y >"$param" 2>/dev/null; then
+        log "turned FUSE over io_uring on (echo Y > $param): fsd serves mounts through the ring"
+    else
+        log "could not turn FUSE over io_uring on ($param): fsd serves /dev/fuse"
+        return 1
+    fi
+}
