@@ -8,8 +8,9 @@
 #   pI_scale         "log" or "linear"            pI_m       ratio columns in the file
 #   pI_labels        1: the x labels carry the ratio lines, 0: the job name alone
 # Data files: a header line "job target... r0 r1..." then per job its name, one value
-# per target ("-" where a run failed or was not made) and pI_m quoted labels of
-# rmemfs's throughput over each baseline's (empty where a run failed).
+# per target ("-" where a run failed or was not made) and pI_m quoted ratio labels
+# (rmemfs over its bound, sshfs and rmemfs-classic, nullfs over nullfs-classic, ...:
+# report.py's ratio_labels; empty ones last).
 load ARG1
 
 # A job's x label: its name, then one line per ratio label (columns n+2 to n+1+m).

@@ -8,7 +8,7 @@ the runs in a manifest, one tab-separated line each:
     fsd-stats-before  fsd-stats-after  round  steal-pct  busy-pct
 
 (status "ok" or a short failure text; the memory and stats columns are "-" except for
-rmemfs; steal-pct is the share of CPU time the hypervisor took during that run and
+the fsd targets (rmemfs, rmemfs-classic, rmemfs-vol); steal-pct is the share of CPU time the hypervisor took during that run and
 busy-pct the share that went to work on this machine, all CPUs together). The
 fabric target's outputs are fabricbench's, in the part of fio's JSON read here.
 The metadata jobs (create, stat, unlink, untar) write scripts/bench-lib/meta.py's
@@ -16,16 +16,19 @@ JSON instead (its "kind" is "metadata"): files (or stats) per second, timed seco
 per-file latency percentiles. The rmemfs-vol target (fsd on a durable volume) runs
 only those.
 This script reads those outputs, keeps for each (job, target) its median run by
-throughput, prints the run's settings and two tables: the fio jobs (MB/s,
-IOPS, p99 latency, the CPU time the whole machine spent per request, and rmemfs's
-throughput divided by each baseline's: tmpfs, the
-local-memory ceiling; sshfs to a tmpfs; nullfs, a FUSE filesystem that keeps no data,
-the FUSE ceiling; fabric, the fabric alone with no FUSE, what the network allows) and
-the metadata jobs (files/s, seconds, latency, and the same ratios without the
-fabric, plus rmemfs-vol's over rmemfs's: what durable metadata costs), writes all of
-it as JSON, and draws a bar chart with gnuplot. Any
-subset of the targets works (scripts/bench --only). It reports; it never judges
-timings.
+throughput, prints the run's settings (with the FUSE transport that served each FUSE
+target) and two tables: the fio jobs (MB/s, IOPS, p99 latency, the CPU time the whole
+machine spent per request, and the ratios that matter: rmemfs's throughput over its
+bound, the ring ceiling nullfs (FUSE over io_uring, no data), or for the random reads
+that miss the cache the lower of nullfs and the fabric alone; over sshfs to a tmpfs;
+over rmemfs-classic, the same fsd on /dev/fuse (the ring's gain), and nullfs's over
+nullfs-classic; then whether rmemfs reaches 0.6x of its bound, and 5x sshfs where the
+bound is 5.5x sshfs or more) and the metadata jobs (files/s, seconds, latency, rmemfs
+over tmpfs, sshfs, nullfs and rmemfs-classic, plus rmemfs-vol's over rmemfs's: what
+durable metadata costs), writes all of it as JSON (rmemfs over every other target
+too), and draws a bar chart with gnuplot. Any subset of the targets works
+(scripts/bench --only). It reports; it never judges timings: the exit status says
+only whether every run and the chart worked.
 Standard library only, so a stock python3 runs it.
 """
 
@@ -37,19 +40,35 @@ import platform
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 
-# What rmemfs is divided by, in the order of the table's and the chart's ratios.
-BASELINES = ("tmpfs", "sshfs", "nullfs", "fabric")
+# What rmemfs is divided by in the JSON's ratios (vs_<target>), in this order.
+BASELINES = ("tmpfs", "sshfs", "nullfs", "nullfs-classic", "fabric", "rmemfs-classic")
+# The same fsd and nullfs on /dev/fuse: X / CLASSIC[X] is what the ring gains.
+CLASSIC = {"rmemfs": "rmemfs-classic", "nullfs": "nullfs-classic"}
+# The bar rmemfs is held to (scripts/bench reports it, never judges it): in each of
+# these jobs at least BAR_BOUND of its bound, and at least BAR_SSHFS of sshfs where
+# the bound is at least BAR_SSHFS_IF of sshfs.
+BAR_JOBS = ("seq-write-1m", "seq-read-1m", "rand-read-4k", "rand-write-4k",
+            "rand-read-4k-4jobs")
+BAR_BOUND, BAR_SSHFS, BAR_SSHFS_IF = 0.6, 5.0, 5.5
+# A job's bound: the lowest of these targets that ran. nullfs is the ring ceiling
+# (FUSE over io_uring, no data); the random reads miss fsd's cache, so the fabric
+# alone bounds them too. Any other job: nullfs.
+BOUND_OF = {"rand-read-4k": ("nullfs", "fabric"), "rand-read-4k-4jobs": ("nullfs", "fabric")}
+DEFAULT_BOUND = ("nullfs",)
 # rmemfs on a durable volume (fsd --volume): metadata jobs only, compared with the
 # same baselines and with scratch rmemfs.
 VOLUME = "rmemfs-vol"
 # What each metadata job counts per second (the table's files/s column).
 META_UNITS = {"create": "files/s", "stat": "stats/s", "unlink": "files/s",
               "untar": "files/s"}
-COLORS = {"rmemfs": "#d95f02", "rmemfs-vol": "#e7298a", "tmpfs": "#7f7f7f",
-          "sshfs": "#1f78b4", "nullfs": "#33a02c", "fabric": "#6a3d9a"}
-RMEMFS_TARGETS = ("rmemfs", VOLUME)
+COLORS = {"rmemfs": "#d95f02", "rmemfs-classic": "#fdae6b", "rmemfs-vol": "#e7298a",
+          "tmpfs": "#7f7f7f", "sshfs": "#1f78b4", "nullfs": "#33a02c",
+          "nullfs-classic": "#b2df8a", "fabric": "#6a3d9a"}
+# The targets an fsd serves (memory and fsd traffic in the manifest).
+RMEMFS_TARGETS = ("rmemfs", "rmemfs-classic", VOLUME)
 
 
 def parse_args():
@@ -65,6 +84,8 @@ def parse_args():
                    help="an extra flag passed to fsd, recorded as is")
     p.add_argument("--fio-arg", action="append", default=[],
                    help="an extra option given to every fio run, recorded as is")
+    p.add_argument("--transport", action="append", default=[], metavar="TARGET=TEXT",
+                   help="the FUSE transport that served TARGET, as its daemon logged it")
     p.add_argument("--started", type=float, required=True, help="epoch seconds")
     p.add_argument("--loadavg-start", default="")
     p.add_argument("--busy-start", type=float, help="%% of CPU busy just before the run")
@@ -349,6 +370,89 @@ def ratios(results, jobs, subject="rmemfs", bases=BASELINES):
     return out
 
 
+def ok_rate(by, job, target):
+    """target's throughput in job, or None when it did not run or failed."""
+    r = by.get((job, target))
+    if r and r["status"] == "ok" and rate(r) > 0:
+        return rate(r)
+    return None
+
+
+def transport_gains(results, jobs):
+    """Per job, each target's throughput over its /dev/fuse twin's (CLASSIC): what
+    FUSE over io_uring gains, for rmemfs and for the ceiling nullfs."""
+    by = {(r["job"], r["target"]): r for r in results}
+    out = {}
+    for job in jobs:
+        for ring, classic in CLASSIC.items():
+            a, b = ok_rate(by, job, ring), ok_rate(by, job, classic)
+            if a and b:
+                out.setdefault(job, {})[ring] = a / b
+    return out
+
+
+def bounds(results, jobs, targets):
+    """Per fio job, rmemfs's bound and where rmemfs stands against the bar: the
+    bound's target and throughput (the lowest of BOUND_OF's targets that ran), the
+    candidates that did not run, rmemfs / bound, rmemfs / sshfs, bound / sshfs, and
+    the two indications (True, False, or None where a number is missing or, for
+    sshfs, where the bound is below BAR_SSHFS_IF x sshfs: the rule does not apply).
+    Only the jobs of BAR_JOBS are in the bar; the others get the ratios alone."""
+    by = {(r["job"], r["target"]): r for r in results}
+    out = {}
+    for job in jobs:
+        wanted = BOUND_OF.get(job, DEFAULT_BOUND)
+        have = [(ok_rate(by, job, t), t) for t in wanted]
+        have = [(v, t) for v, t in have if v]
+        mine, sshfs = ok_rate(by, job, "rmemfs"), ok_rate(by, job, "sshfs")
+        entry = {
+            "in_bar": job in BAR_JOBS,
+            "bound_of": list(wanted),
+            "bound_missing": [t for t in wanted if not ok_rate(by, job, t)],
+            "bound_target": None, "bound_bytes_per_s": None,
+            "rmemfs_vs_bound": None, "rmemfs_vs_sshfs": None, "bound_vs_sshfs": None,
+            "meets_bound": None, "sshfs_rule_applies": None, "meets_sshfs": None,
+        }
+        if have:
+            value, target = min(have)
+            entry["bound_target"], entry["bound_bytes_per_s"] = target, value
+            if sshfs:
+                entry["bound_vs_sshfs"] = value / sshfs
+                entry["sshfs_rule_applies"] = value / sshfs >= BAR_SSHFS_IF
+            if mine:
+                entry["rmemfs_vs_bound"] = mine / value
+        if mine and sshfs:
+            entry["rmemfs_vs_sshfs"] = mine / sshfs
+        if entry["in_bar"]:
+            if entry["rmemfs_vs_bound"] is not None:
+                entry["meets_bound"] = entry["rmemfs_vs_bound"] >= BAR_BOUND
+            if entry["sshfs_rule_applies"] and entry["rmemfs_vs_sshfs"] is not None:
+                entry["meets_sshfs"] = entry["rmemfs_vs_sshfs"] >= BAR_SSHFS
+        if "rmemfs" in targets:
+            out[job] = entry
+    return out
+
+
+def bar_summary(doc):
+    """The bar in a few numbers: of the jobs of BAR_JOBS that ran, those where rmemfs
+    met it, missed it, or could not be told (a missing run); for sshfs also those
+    where the rule does not apply (bound below BAR_SSHFS_IF x sshfs)."""
+    summary = {"bound": {"at_least": BAR_BOUND, "met": [], "missed": [], "unknown": []},
+               "sshfs": {"at_least": BAR_SSHFS, "where_bound_at_least": BAR_SSHFS_IF,
+                         "met": [], "missed": [], "not_applicable": [], "unknown": []}}
+    for job, b in doc["bounds"].items():
+        if not b["in_bar"]:
+            continue
+        key = {True: "met", False: "missed", None: "unknown"}[b["meets_bound"]]
+        summary["bound"][key].append(job)
+        if b["sshfs_rule_applies"] is False:
+            key = "not_applicable"
+        else:
+            key = {True: "met", False: "missed", None: "unknown"}[b["meets_sshfs"]]
+        summary["sshfs"][key].append(job)
+    return summary
+
+
 def fmt(value, digits=0):
     if value is None:
         return "-"
@@ -377,20 +481,26 @@ def print_header(doc):
     print(f"  CPUs busy before the run: {fmt(doc['cpu_busy_before_pct'])}%; stolen by the "
           f"hypervisor during it: {fmt(doc['cpu_steal_pct'], 1)}%; load average at start "
           f"{doc['loadavg_start'] or '-'}, at end {doc['loadavg_end']}")
-    if "rmemfs" in targets or VOLUME in targets:
+    if any(t in targets for t in RMEMFS_TARGETS):
         extra = " ".join(doc["fsd_extra_args"])
         print(f"  rmemfs: {s.get('memnodes')} memnode on 127.0.0.1, {s.get('fabric')} fabric, "
               f"{mib(s.get('memnode_size_bytes'))}; fsd --cache {s.get('cache')} "
-              f"--block-size {s.get('block_size')}{' ' + extra if extra else ''}")
+              f"--block-size {s.get('block_size')}{' ' + extra if extra else ''} "
+              "(--fuse-transport auto, the default)")
+    if "rmemfs-classic" in targets:
+        print("  rmemfs-classic: the same fsd flags plus --fuse-transport classic "
+              "(/dev/fuse), on the same memnode")
     if VOLUME in targets:
         print(f"  rmemfs-vol: the same fsd flags on the durable volume "
               f"'{s.get('volume')}' (--volume) on that memnode, metadata jobs only: "
               "what durable metadata costs")
-    if "nullfs" in targets:
+    if "nullfs" in targets or "nullfs-classic" in targets:
         threads = s.get("nullfs_threads")
         threads = ("its default --threads" if threads in (None, "default")
                    else f"--threads {threads}")
-        print(f"  nullfs: no data, fsd's FUSE settings, {threads}")
+        print(f"  nullfs: no data, fsd's FUSE settings, {threads}, --fuse-transport "
+              "io-uring (the ring ceiling); nullfs-classic: the same with "
+              "--fuse-transport classic")
     if "fabric" in targets:
         print(f"  fabric: fabricbench to the memnode, {s.get('fabric')}, jobs shaped like "
               f"fio's (block size, jobs; one block at a time per job), operations of up to "
@@ -410,11 +520,23 @@ def print_header(doc):
         print(f"  untar: GNU tar -x of a generated source tree, {fmt(s.get('untar_files'))} "
               f"files in {fmt(s.get('untar_dirs'))} directories, "
               f"{mib(s.get('untar_bytes'))} (seed {s.get('untar_seed')})")
-    if meta and "nullfs" in targets:
+    if meta and ("nullfs" in targets or "nullfs-classic" in targets):
         print("  nullfs has no directories: its metadata jobs put the same files flat in "
               "its root")
     if doc["fio_extra_args"]:
         print(f"  extra fio options: {' '.join(doc['fio_extra_args'])}")
+    transports = doc.get("fuse_transports") or {}
+    if transports:
+        ring = s.get("fuse_uring")
+        before = s.get("fuse_enable_uring_before")
+        state = (f"on (enable_uring Y for the run, {before} before)" if ring is True
+                 else "off (no enable_uring, or it could not be set)")
+        print(f"  FUSE over io_uring: {state}; the transport that served each FUSE target "
+              "(from its log):")
+        width = max(len(t) for t in transports)
+        for t in targets:
+            if t in transports:
+                print(f"    {t:<{width}}  {transports[t]}")
     versions = [s[k] for k in ("fsd_version", "nullfs_version", "fabricbench_version",
                                "fio_version", "tar_version", "sshfs_version",
                                "sshd_version") if k in s]
@@ -425,29 +547,80 @@ def data_jobs(doc):
     return [j for j in doc["jobs"] if not is_metadata(doc, j)]
 
 
-def compared_baselines(doc):
-    """The baselines rmemfs is divided by in this run (none without rmemfs)."""
-    if "rmemfs" not in doc["targets"]:
-        return []
-    return [b for b in BASELINES if b in doc["targets"]]
+def has_classic_pair(targets):
+    return any(ring in targets and classic in targets for ring, classic in CLASSIC.items())
 
 
-def meta_compared(doc):
-    """The columns of the metadata table's ratios: the baselines that ran (not the
-    fabric, which has no files), and rmemfs for rmemfs-vol's row."""
-    targets = doc["targets"]
-    if "rmemfs" not in targets and VOLUME not in targets:
-        return []
-    bases = [b for b in BASELINES if b in targets and b != "fabric"]
-    if VOLUME in targets and "rmemfs" in targets:
-        bases.append("rmemfs")
-    return bases
+BOUND_COL = f"{BAR_BOUND:g}x bound"
+SSHFS_COL = f"{BAR_SSHFS:g}x sshfs"
+
+
+def data_columns(doc):
+    """The ratio and bar columns of the fio table this run has numbers for: rmemfs's
+    bound (which target) and rmemfs / bound, rmemfs / sshfs, bound / sshfs, each
+    target over its /dev/fuse twin (rmemfs's and nullfs's rows), and the two
+    indications of the bar."""
+    t = doc["targets"]
+    cols = []
+    bound = "rmemfs" in t and any(b in t for b in ("nullfs", "fabric"))
+    if bound:
+        cols += ["bound", "vs bound"]
+    if "rmemfs" in t and "sshfs" in t:
+        cols.append("vs sshfs")
+        if bound:
+            cols.append("bound/sshfs")
+    if has_classic_pair(t):
+        cols.append("vs classic")
+    if bound:
+        cols.append(BOUND_COL)
+        if "sshfs" in t:
+            cols.append(SSHFS_COL)
+    return cols
+
+
+def yes_no(value):
+    return {True: "yes", False: "no", None: "-"}[value]
+
+
+def data_cells(doc, r, cols):
+    """The cells of cols for result r: rmemfs's row carries the bound, sshfs and bar
+    columns, rmemfs's and nullfs's rows their gain over /dev/fuse."""
+    b = doc["bounds"].get(r["job"], {}) if r["target"] == "rmemfs" else {}
+    bar = b.get("in_bar")
+    sshfs = ""
+    if bar:
+        sshfs = "n/a" if b.get("sshfs_rule_applies") is False else yes_no(b.get("meets_sshfs"))
+    cells = {
+        "bound": (b.get("bound_target") or "-") if b else "",
+        "vs bound": fmt_ratio(b.get("rmemfs_vs_bound")),
+        "vs sshfs": fmt_ratio(b.get("rmemfs_vs_sshfs")),
+        "bound/sshfs": fmt_ratio(b.get("bound_vs_sshfs")),
+        "vs classic": fmt_ratio(doc["transport_gains"].get(r["job"], {}).get(r["target"])),
+        BOUND_COL: yes_no(b.get("meets_bound")) if bar else "",
+        SSHFS_COL: sshfs,
+    }
+    return tuple(cells[c] for c in cols)
+
+
+def meta_columns(doc):
+    """The ratio columns of the metadata table: rmemfs (and rmemfs-vol) over the
+    baselines with files that ran, each target over its /dev/fuse twin, and
+    rmemfs-vol over rmemfs."""
+    t = doc["targets"]
+    cols = []
+    if "rmemfs" in t or VOLUME in t:
+        cols = [b for b in ("tmpfs", "sshfs", "nullfs") if b in t]
+    if has_classic_pair(t):
+        cols.append("classic")
+    if VOLUME in t and "rmemfs" in t:
+        cols.append("rmemfs")
+    return cols
 
 
 def table_rows(doc):
     """One row of cells per fio result; a failed run has its status instead of
     numbers."""
-    bases = compared_baselines(doc)
+    cols = data_columns(doc)
     rows = []
     for r in doc["results"]:
         if is_metadata(doc, r["job"]):
@@ -455,7 +628,6 @@ def table_rows(doc):
         if r["status"] != "ok":
             rows.append((r["job"], r["target"], "FAILED: " + r["status"]))
             continue
-        ratio = doc["ratios"].get(r["job"], {}) if r["target"] == "rmemfs" else {}
         p99 = r["lat_us"]["p99"]
         cpu = r.get("cpu_us_per_request")
         rows.append((
@@ -466,13 +638,13 @@ def table_rows(doc):
             fmt(r.get("cpu_busy_pct")),
             fmt(cpu, 1 if cpu is not None and cpu < 100 else 0),
             fmt(r.get("steal_pct"), 1),
-        ) + tuple(fmt_ratio(ratio.get(f"vs_{b}")) for b in bases))
+        ) + data_cells(doc, r, cols))
     return rows
 
 
 def meta_rows(doc):
     """One row of cells per metadata result, as table_rows."""
-    bases = meta_compared(doc)
+    cols = meta_columns(doc)
     rows = []
     for r in doc["results"]:
         if not is_metadata(doc, r["job"]):
@@ -482,9 +654,14 @@ def meta_rows(doc):
             continue
         ratio = {}
         if r["target"] == "rmemfs":
-            ratio = doc["ratios"].get(r["job"], {})
+            ratio = {k: v for k, v in doc["ratios"].get(r["job"], {}).items()
+                     if k != "vs_rmemfs"}
         elif r["target"] == VOLUME:
-            ratio = doc["volume_ratios"].get(r["job"], {})
+            ratio = dict(doc["volume_ratios"].get(r["job"], {}))
+        ratio.pop("vs_classic", None)
+        gain = doc["transport_gains"].get(r["job"], {}).get(r["target"])
+        if gain is not None:
+            ratio["vs_classic"] = gain
         lat = r.get("lat_us") or {}
         cpu = r.get("cpu_us_per_op")
 
@@ -495,7 +672,7 @@ def meta_rows(doc):
             r["job"], r["target"], fmt(r["ops_per_s"]), fmt(r["seconds"], 3),
             us(lat.get("p50")), us(lat.get("p99")), fmt(r.get("cpu_busy_pct")), us(cpu),
             fmt(r.get("steal_pct"), 1),
-        ) + tuple(fmt_ratio(ratio.get(f"vs_{b}")) for b in bases))
+        ) + tuple(fmt_ratio(ratio.get(f"vs_{c}")) for c in cols))
     return rows
 
 
@@ -523,12 +700,49 @@ def print_rows(head, rows):
     print()
 
 
+def print_bar(doc):
+    """One paragraph on the bar: where rmemfs met it, missed it, or could not be
+    told, with the ratios of the misses."""
+    if not doc.get("bounds") or not any(b["in_bar"] for b in doc["bounds"].values()):
+        return
+    bar, bounds = doc["bar"], doc["bounds"]
+
+    def listed(jobs, key):
+        return ", ".join(f"{j} {fmt_ratio(bounds[j][key])}" if bounds[j][key] is not None
+                         else j for j in jobs)
+
+    def line(part, what, key):
+        n = sum(len(part[k]) for k in ("met", "missed", "unknown"))
+        text = f"  rmemfs {what}: {len(part['met'])} of {n} job(s)"
+        if part["missed"]:
+            text += f"; below in {listed(part['missed'], key)}"
+        if part["unknown"]:
+            text += f"; no number for {', '.join(part['unknown'])}"
+        return text
+
+    ran = [j for j in BAR_JOBS if doc["bounds"].get(j, {}).get("in_bar")]
+    print(f"The bar, reported and never judged, over the {len(ran)} of its "
+          f"{len(BAR_JOBS)} jobs that ran ({', '.join(ran)}):")
+    print(line(bar["bound"], f">= {BAR_BOUND:g}x its bound", "rmemfs_vs_bound"))
+    if "sshfs" in doc["targets"]:
+        text = line(bar["sshfs"], f">= {BAR_SSHFS:g}x sshfs where the bound is >= "
+                    f"{BAR_SSHFS_IF:g}x sshfs", "rmemfs_vs_sshfs")
+        if bar["sshfs"]["not_applicable"]:
+            text += (f"; not applicable (bound below {BAR_SSHFS_IF:g}x sshfs) in "
+                     f"{listed(bar['sshfs']['not_applicable'], 'bound_vs_sshfs')}")
+        print(text)
+    for t in sorted({t for b in bounds.values() if b["in_bar"] for t in b["bound_missing"]}):
+        jobs = [j for j, b in bounds.items() if b["in_bar"] and t in b["bound_missing"]]
+        print(f"  {t} did not run or failed, so the bound of {', '.join(jobs)} leaves it "
+              "out")
+
+
 def print_table(doc):
     if not data_jobs(doc):
         return
-    bases = compared_baselines(doc)
+    cols = data_columns(doc)
     head = ("job", "target", "MB/s", "IOPS", "p99 us", "busy%", "CPU us/req",
-            "steal%") + tuple(f"vs {b}" for b in bases)
+            "steal%") + tuple(cols)
     print_rows(head, table_rows(doc))
     print("MB/s = 10^6 bytes/s; p99 = 99th percentile completion latency of one request;")
     print(f"busy% = share of all {doc['machine']['cpus_online']} CPUs' time spent working "
@@ -541,17 +755,38 @@ def print_table(doc):
     if doc["settings"].get("repeat", 1) > 1:
         print(f"Each row is the median of {doc['settings']['repeat']} runs by throughput "
               "(every run is in the JSON).")
-    if bases:
-        print("vs X = rmemfs throughput / X throughput in the same bench run "
-              "(>1: rmemfs faster).")
+    notes = []
+    if "bound" in cols:
+        notes.append("bound = rmemfs's bound: nullfs (FUSE over io_uring, no data: the ring "
+                     "ceiling), for rand-read-4k and rand-read-4k-4jobs (which miss fsd's "
+                     "cache) the lower of nullfs and the fabric alone; vs bound = rmemfs / "
+                     "bound;")
+    if "vs sshfs" in cols:
+        notes.append("vs sshfs = rmemfs / sshfs;")
+    if "bound/sshfs" in cols:
+        notes.append("bound/sshfs = bound / sshfs;")
+    if "vs classic" in cols:
+        notes.append("vs classic = rmemfs / rmemfs-classic and nullfs / nullfs-classic "
+                     "(what FUSE over io_uring gains);")
+    if notes:
+        notes.append("throughputs of the same bench run (>1: faster).")
+    if "bound" in cols:
+        notes.append(f"{BOUND_COL}: rmemfs >= {BAR_BOUND:g} x bound;")
+        if SSHFS_COL in cols:
+            notes.append(f"{SSHFS_COL}: rmemfs >= {BAR_SSHFS:g} x sshfs, n/a where the bound "
+                         f"is below {BAR_SSHFS_IF:g}x sshfs;")
+        notes.append("the bar's jobs only (not the in-cache one); - = a run missing.")
+    if notes:
+        print(textwrap.fill(" ".join(notes), width=92, break_on_hyphens=False))
+    print_bar(doc)
 
 
 def print_meta_table(doc):
     if not doc.get("metadata_jobs"):
         return
-    bases = meta_compared(doc)
+    cols = meta_columns(doc)
     head = ("job", "target", "files/s", "seconds", "p50 us", "p99 us", "busy%",
-            "CPU us/op", "steal%") + tuple(f"vs {b}" for b in bases)
+            "CPU us/op", "steal%") + tuple(f"vs {c}" for c in cols)
     print_rows(head, meta_rows(doc))
     print("Metadata jobs, one process, one file at a time: files/s = files created "
           "(create: open, write of")
@@ -562,10 +797,13 @@ def print_meta_table(doc):
     print("busy% and steal% over the timed seconds; CPU us/op = busy% x CPUs / files/s.")
     if doc["settings"].get("repeat", 1) > 1:
         print(f"Each row is the median of {doc['settings']['repeat']} runs by files/s.")
-    if bases:
+    if cols:
         print("vs X = rmemfs (or rmemfs-vol) files/s / X files/s in the same bench run "
               "(>1: faster);")
-        if "rmemfs" in bases:
+        if "classic" in cols:
+            print("vs classic = rmemfs / rmemfs-classic and nullfs / nullfs-classic: what "
+                  "FUSE over io_uring gains;")
+        if "rmemfs" in cols:
             print("rmemfs-vol's vs rmemfs = durable volume / scratch mount: below 1, "
                   "what durable metadata costs.")
 
@@ -591,50 +829,79 @@ def read_amplification(traffic):
 
 
 def print_traffic(doc):
-    """Remote operations fsd made during each rmemfs (and rmemfs-vol) job (`waited`:
-    chunk allocations a write had to wait for, i.e. control round trips on the write
-    path), the bytes fsd returned to reads (`MiB served`: those the page cache did not
-    answer) and the read amplification (see read_amplification)."""
+    """Remote operations fsd made during each rmemfs (rmemfs-classic, rmemfs-vol) job
+    (`waited`: chunk allocations a write had to wait for, i.e. control round trips on
+    the write path), the bytes fsd returned to reads (`MiB served`: those the page
+    cache did not answer), the read amplification (see read_amplification) and the
+    FUSE requests the io_uring transport answered (`ring reqs`: 0 on /dev/fuse)."""
     rows = [r for r in doc["results"]
             if r["target"] in RMEMFS_TARGETS and r.get("fsd_traffic")]
     if not rows:
         return
     block = rows[0]["fsd_traffic"].get("block_size")
     print(f"\nfsd remote traffic per job (block size {block // 1024 if block else '?'} KiB):")
-    print(f"{'job':<22}{'target':<12}{'READs':>10}{'MiB read':>10}{'WRITEs':>10}"
+    print(f"{'job':<22}{'target':<16}{'READs':>10}{'MiB read':>10}{'WRITEs':>10}"
           f"{'MiB written':>12}{'allocs':>8}{'waited':>8}{'cache hit%':>11}"
-          f"{'MiB served':>11}{'read ampl.':>11}")
+          f"{'MiB served':>11}{'read ampl.':>11}{'ring reqs':>11}")
     for r in rows:
         t = r["fsd_traffic"]
         lookups = t.get("cache_hits", 0) + t.get("cache_misses", 0)
         hit = f"{100.0 * t.get('cache_hits', 0) / lookups:.0f}" if lookups else "-"
         ampl = read_amplification(t)
         ampl = "-" if ampl is None else f"{ampl:.2f}"
-        print(f"{r['job']:<22}{r['target']:<12}{t.get('remote_reads', 0):>10}"
+        ring = t.get("fuse_ring_requests")
+        ring = "-" if ring is None else str(ring)
+        print(f"{r['job']:<22}{r['target']:<16}{t.get('remote_reads', 0):>10}"
               f"{t.get('remote_read_bytes', 0) / 2**20:>10.0f}{t.get('remote_writes', 0):>10}"
               f"{t.get('remote_write_bytes', 0) / 2**20:>12.0f}{t.get('chunk_allocs', 0):>8}"
               f"{t.get('chunk_allocs_waited', 0):>8}{hit:>11}"
-              f"{t.get('file_read_bytes', 0) / 2**20:>11.0f}{ampl:>11}")
+              f"{t.get('file_read_bytes', 0) / 2**20:>11.0f}{ampl:>11}{ring:>11}")
 
 
 def ratio_labels(doc, job):
-    """What the chart prints under a job's name: rmemfs's throughput over each
-    baseline's, as one quoted column per compared baseline (empty ones last; none
-    without rmemfs); for a metadata job also rmemfs-vol's over rmemfs's."""
+    """What the chart prints under a job's name, as one quoted column per ratio this
+    run has (empty ones last): for a fio job rmemfs over its bound, over sshfs and
+    over rmemfs-classic, and nullfs over nullfs-classic; for a metadata job rmemfs
+    over tmpfs, sshfs, nullfs and rmemfs-classic, rmemfs-vol over rmemfs, and nullfs
+    over nullfs-classic."""
+    t = doc["targets"]
+    gains = doc["transport_gains"].get(job, {})
+    groups = []
     if is_metadata(doc, job):
-        bases = [b for b in meta_compared(doc) if b != "rmemfs"]
-    else:
-        bases = compared_baselines(doc)
-    ratio = doc["ratios"].get(job, {})
-    labels = [f"{fmt_ratio(ratio[f'vs_{b}'])} {b}" for b in bases if f"vs_{b}" in ratio]
-    if labels:
-        labels[0] = "rmemfs: " + labels[0]
-    slots = len(bases)
-    if is_metadata(doc, job) and "rmemfs" in meta_compared(doc):
-        slots += 1
-        vol = doc["volume_ratios"].get(job, {}).get("vs_rmemfs")
-        if vol is not None:
-            labels.append(f"vol: {fmt_ratio(vol)} rmemfs")
+        ratio = doc["ratios"].get(job, {})
+        if "rmemfs" in t:
+            cells = [(f"vs_{b}", b) for b in ("tmpfs", "sshfs", "nullfs") if b in t]
+            mine = [f"{fmt_ratio(ratio[k])} {b}" if k in ratio else None for k, b in cells]
+            if "rmemfs-classic" in t:
+                mine.append(f"{fmt_ratio(gains['rmemfs'])} classic" if "rmemfs" in gains
+                            else None)
+            groups.append(("rmemfs: ", mine))
+        if VOLUME in t and "rmemfs" in t:
+            vol = doc["volume_ratios"].get(job, {}).get("vs_rmemfs")
+            groups.append(("vol: ", [None if vol is None else f"{fmt_ratio(vol)} rmemfs"]))
+    elif "rmemfs" in t:
+        b = doc["bounds"].get(job, {})
+        mine = []
+        if "nullfs" in t or "fabric" in t:
+            v = b.get("rmemfs_vs_bound")
+            mine.append(None if v is None else f"{fmt_ratio(v)} bound")
+        if "sshfs" in t:
+            v = b.get("rmemfs_vs_sshfs")
+            mine.append(None if v is None else f"{fmt_ratio(v)} sshfs")
+        if "rmemfs-classic" in t:
+            mine.append(f"{fmt_ratio(gains['rmemfs'])} classic" if "rmemfs" in gains
+                        else None)
+        groups.append(("rmemfs: ", mine))
+    if "nullfs" in t and "nullfs-classic" in t:
+        groups.append(("nullfs: ", [f"{fmt_ratio(gains['nullfs'])} classic"
+                                    if "nullfs" in gains else None]))
+    labels, slots = [], 0
+    for prefix, cells in groups:
+        slots += len(cells)
+        shown = [c for c in cells if c]
+        if shown:
+            shown[0] = prefix + shown[0]
+        labels += shown
     labels += [""] * (slots - len(labels))
     return slots, " ".join(f'"{label}"' for label in labels)
 
@@ -756,10 +1023,14 @@ def main():
         "metadata_jobs": metadata_jobs,
         "targets": targets,
         "results": results,
+        "fuse_transports": dict(t.partition("=")[::2] for t in args.transport),
         "ratios": ratios(results, jobs),
         "volume_ratios": ratios(results, metadata_jobs, VOLUME,
                                 ("rmemfs",) + tuple(b for b in BASELINES if b != "fabric")),
+        "transport_gains": transport_gains(results, jobs),
+        "bounds": bounds(results, [j for j in jobs if j not in metadata_jobs], targets),
     }
+    doc["bar"] = bar_summary(doc)
     print_header(doc)
     print_table(doc)
     print_meta_table(doc)
