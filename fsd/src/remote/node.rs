@@ -16,8 +16,8 @@ use super::{lock, Connector, RemoteError};
 use rmemfs_common::control::{self, ControlError, VolumeInfo};
 use rmemfs_common::fabric::{Endpoint, FabricError};
 use rmemfs_common::size::format_size;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// What opening a link needs.
 pub(super) struct LinkConfig {
@@ -155,9 +155,18 @@ pub(super) struct NodePool {
     pub blocks: BlockPool,
 }
 
+/// [`Node::up_epoch`]'s bit for "up" (the epoch is the low 32 bits).
+const UP: u64 = 1 << 32;
+
 pub(super) struct Node {
     pub name: String,
-    state: Mutex<State>,
+    /// Written only by going down and by reconnecting; every operation reads it
+    /// (its link), so readers do not exclude one another.
+    state: RwLock<State>,
+    /// The state's epoch, with [`UP`] while up: what [`Node::holds`] asks for each
+    /// copy of each block read or written, without taking the state's lock. Changed
+    /// with the state, under its write lock.
+    up_epoch: AtomicU64,
     pub pool: Mutex<NodePool>,
     /// Set when the node refused an allocation for lack of space; cleared on a free.
     pub full: AtomicBool,
@@ -179,11 +188,12 @@ impl Node {
         );
         Ok(Node {
             name: name.to_string(),
-            state: Mutex::new(State {
+            state: RwLock::new(State {
                 link: Some(Arc::new(link)),
                 epoch: 0,
                 down: None,
             }),
+            up_epoch: AtomicU64::new(UP),
             pool: Mutex::new(NodePool {
                 epoch: 0,
                 blocks: BlockPool::new(cfg.block_size),
@@ -199,11 +209,12 @@ impl Node {
         log::error!("memnode {name} is down: {reason}; its copies count as lost");
         Node {
             name: name.to_string(),
-            state: Mutex::new(State {
+            state: RwLock::new(State {
                 link: None,
                 epoch: 0,
                 down: Some(reason),
             }),
+            up_epoch: AtomicU64::new(0),
             pool: Mutex::new(NodePool {
                 epoch: 0,
                 blocks: BlockPool::new(cfg.block_size),
@@ -215,7 +226,7 @@ impl Node {
 
     /// The link's epoch and memnode id while up.
     pub fn identity(&self) -> Option<(u32, u64)> {
-        let s = lock(&self.state);
+        let s = self.read_state();
         match (&s.link, &s.down) {
             (Some(l), None) => Some((l.epoch, l.node_id)),
             _ => None,
@@ -224,7 +235,7 @@ impl Node {
 
     /// The current link, or why there is none.
     pub fn link(&self) -> Result<Arc<Link>, RemoteError> {
-        let s = lock(&self.state);
+        let s = self.read_state();
         match (&s.link, &s.down) {
             (Some(l), None) => Ok(l.clone()),
             (_, reason) => Err(RemoteError::NodeDown {
@@ -235,14 +246,21 @@ impl Node {
     }
 
     pub fn is_up(&self) -> bool {
-        lock(&self.state).down.is_none()
+        self.up_epoch.load(Ordering::Acquire) & UP != 0
     }
 
     /// True when `r` (a copy on this node) still exists: the node is up and `r` was
     /// allocated in its current epoch.
     pub fn holds(&self, r: &Replica) -> bool {
-        let s = lock(&self.state);
-        s.down.is_none() && s.epoch == r.epoch
+        self.up_epoch.load(Ordering::Acquire) == UP | r.epoch as u64
+    }
+
+    fn read_state(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write_state(&self) -> RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Records a failure of an operation made on the link of `epoch`. A broken
@@ -252,7 +270,7 @@ impl Node {
         if !(e.is_fatal() || matches!(e, FabricError::Timeout { .. })) {
             return;
         }
-        let mut s = lock(&self.state);
+        let mut s = self.write_state();
         if s.epoch == epoch && s.down.is_none() {
             log::error!(
                 "memnode {} is down: {e}; its copies are lost, reconnecting in the background",
@@ -260,6 +278,7 @@ impl Node {
             );
             s.down = Some(e.to_string());
             s.link = None;
+            self.up_epoch.store(epoch as u64, Ordering::Release);
         }
     }
 
@@ -285,7 +304,7 @@ impl Node {
     /// an empty pool: the memnode gave the old epoch's memory back (or is a new
     /// process that never had it).
     pub fn reconnect(&self, cfg: &LinkConfig, connector: &Connector) -> Result<(), RemoteError> {
-        let epoch = lock(&self.state).epoch.wrapping_add(1);
+        let epoch = self.read_state().epoch.wrapping_add(1);
         let (link, capacity) = Link::open(&self.name, epoch, cfg, connector)?;
         {
             let mut pool = lock(&self.pool);
@@ -294,10 +313,11 @@ impl Node {
             pool.epoch = epoch;
         }
         self.full.store(false, Ordering::Relaxed);
-        let mut s = lock(&self.state);
+        let mut s = self.write_state();
         s.link = Some(Arc::new(link));
         s.epoch = epoch;
         s.down = None;
+        self.up_epoch.store(UP | epoch as u64, Ordering::Release);
         log::warn!(
             "memnode {} is back ({} capacity, epoch {epoch}); it is used for new copies",
             self.name,
