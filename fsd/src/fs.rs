@@ -507,13 +507,25 @@ impl RmemFs {
         }
     }
 
+    /// Up to `len` bytes at `offset` (fewer at the end of the file).
     pub fn read(&self, ino: Ino, offset: u64, len: u32) -> FsResult<Vec<u8>> {
+        let mut out = vec![0u8; len as usize];
+        let n = self.read_into(ino, offset, &mut out)?;
+        out.truncate(n);
+        Ok(out)
+    }
+
+    /// Reads into `dst` the bytes at `offset..offset + dst.len()` and returns how many
+    /// it read (fewer at the end of the file): straight from the cache's pages into
+    /// the caller's buffer (the FUSE ring's payload), with no copy in between.
+    pub fn read_into(&self, ino: Ino, offset: u64, dst: &mut [u8]) -> FsResult<usize> {
+        let len = dst.len();
         let inode = self.file_inode(ino)?;
         let _io = inode.io_shared();
         let size = inode.meta().attr.size;
         if offset >= size || len == 0 {
             FileCounters::count(&self.counters.reads, &self.counters.read_bytes, 0);
-            return Ok(Vec::new());
+            return Ok(0);
         }
         let end = size.min(offset.saturating_add(len as u64));
         let bs = self.block_size;
@@ -552,7 +564,7 @@ impl RmemFs {
             let to = end.min(block_start + bs) - block_start;
             from as usize..to as usize
         };
-        let mut out = Vec::with_capacity((end - offset) as usize);
+        let mut done = 0usize;
         self.cache.access(
             self,
             ino,
@@ -574,7 +586,9 @@ impl RmemFs {
             },
             |i, buf, _| {
                 if i <= last {
-                    out.extend_from_slice(&buf[wanted(i)]);
+                    let part = &buf[wanted(i)];
+                    dst[done..done + part.len()].copy_from_slice(part);
+                    done += part.len();
                 }
                 Ok(())
             },
@@ -586,8 +600,8 @@ impl RmemFs {
                 .drop_behind(ino, finished_blocks(first, last, end, bs, end == size));
         }
         let c = &self.counters;
-        FileCounters::count(&c.reads, &c.read_bytes, out.len());
-        Ok(out)
+        FileCounters::count(&c.reads, &c.read_bytes, done);
+        Ok(done)
     }
 
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> FsResult<u32> {

@@ -269,11 +269,7 @@ impl FuseOps for FuseAdapter {
         offset: u64,
         buf: &mut [u8],
     ) -> Result<usize, Errno> {
-        let len = buf.len().min(u32::MAX as usize) as u32;
-        let data = mapped(self.fs.read(ino, offset, len))?;
-        let n = data.len().min(buf.len());
-        buf[..n].copy_from_slice(&data[..n]);
-        Ok(n)
+        mapped(self.fs.read_into(ino, offset, buf))
     }
 
     fn write(
