@@ -703,7 +703,8 @@ def print_rows(head, rows):
 def print_bar(doc):
     """One paragraph on the bar: where rmemfs met it, missed it, or could not be
     told, with the ratios of the misses."""
-    if not doc.get("bounds") or not any(b["in_bar"] for b in doc["bounds"].values()):
+    if "bound" not in data_columns(doc) or not any(b["in_bar"]
+                                                  for b in doc["bounds"].values()):
         return
     bar, bounds = doc["bar"], doc["bounds"]
 
