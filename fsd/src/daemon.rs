@@ -95,18 +95,24 @@ pub struct Options {
     /// asking once fsd takes over clearing setuid/setgid, FUSE_HANDLE_KILLPRIV_V2).
     #[arg(long)]
     pub no_xattrs: bool,
-    /// Bypass the kernel's page cache: every read and write goes to fsd, whose
-    /// --cache is then the only copy in local memory. Streams run faster and the
-    /// page cache does not fill with the mount's data; re-reads the page cache would
-    /// have answered cost a round trip to fsd. Shared mmap needs Linux 6.6.
-    #[arg(long, conflicts_with = "writeback_cache")]
+    /// Bypass the kernel's page cache (the default): every read and write goes to
+    /// fsd, whose --cache is then the only copy in local memory. Streams run faster
+    /// and the page cache does not fill with the mount's data; re-reads the page
+    /// cache would have answered cost a round trip to fsd. Shared mmap needs Linux
+    /// 6.6.
+    #[arg(long, group = "cache_mode")]
     pub direct_io: bool,
+    /// Serve files through the kernel's page cache: re-reads of data the page cache
+    /// holds never reach fsd, at the price of a second local copy of the mount's
+    /// data beside --cache and of slower streams.
+    #[arg(long, group = "cache_mode")]
+    pub page_cache: bool,
     /// Let the kernel cache writes and write them back later (FUSE write-back
-    /// cache): small writes return without a round trip to fsd. fsd then learns of
-    /// a write only when the kernel writes it back, so a full remote memory is
-    /// reported by fsync or close rather than by the write, st_blocks and df lag
-    /// until write-back, and SEEK_HOLE finds no holes.
-    #[arg(long)]
+    /// cache, through the page cache): small writes return without a round trip to
+    /// fsd. fsd then learns of a write only when the kernel writes it back, so a
+    /// full remote memory is reported by fsync or close rather than by the write,
+    /// st_blocks and df lag until write-back, and SEEK_HOLE finds no holes.
+    #[arg(long, group = "cache_mode")]
     pub writeback_cache: bool,
     /// Data connections per memnode.
     #[arg(long, default_value_t = 4)]
@@ -358,7 +364,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             fs.clone(),
             MountChoices {
                 xattrs: !opts.no_xattrs,
-                cache: CacheMode::from_flags(opts.direct_io, opts.writeback_cache),
+                cache: CacheMode::from_flags(opts.page_cache, opts.writeback_cache),
             },
         )),
         &opts.mountpoint,
@@ -470,18 +476,26 @@ mod tests {
 
     fn cache_mode(flags: &[&str]) -> Result<CacheMode, clap::Error> {
         let args = ["fsd", "/mnt"].iter().chain(flags);
-        Options::try_parse_from(args).map(|o| CacheMode::from_flags(o.direct_io, o.writeback_cache))
+        Options::try_parse_from(args)
+            .map(|o| CacheMode::from_flags(o.page_cache, o.writeback_cache))
     }
 
     #[test]
     fn cache_flags_choose_the_cache_mode_and_exclude_each_other() {
-        assert_eq!(cache_mode(&[]).unwrap(), CacheMode::PageCache);
+        assert_eq!(cache_mode(&[]).unwrap(), CacheMode::Direct);
         assert_eq!(cache_mode(&["--direct-io"]).unwrap(), CacheMode::Direct);
+        assert_eq!(cache_mode(&["--page-cache"]).unwrap(), CacheMode::PageCache);
         assert_eq!(
             cache_mode(&["--writeback-cache"]).unwrap(),
             CacheMode::WriteBack
         );
-        let both = cache_mode(&["--direct-io", "--writeback-cache"]).unwrap_err();
-        assert_eq!(both.kind(), clap::error::ErrorKind::ArgumentConflict);
+        for pair in [
+            ["--direct-io", "--writeback-cache"],
+            ["--page-cache", "--writeback-cache"],
+            ["--direct-io", "--page-cache"],
+        ] {
+            let both = cache_mode(&pair).unwrap_err();
+            assert_eq!(both.kind(), clap::error::ErrorKind::ArgumentConflict);
+        }
     }
 }

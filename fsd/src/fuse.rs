@@ -89,14 +89,15 @@ pub fn errno(e: &FsError) -> Errno {
 /// How file handles are served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CacheMode {
-    /// Through the kernel's page cache, O_DIRECT handles included: the kernel itself
+    /// Through the kernel's page cache (fsd --page-cache), O_DIRECT handles included:
+    /// the kernel itself
     /// sends an O_DIRECT handle's reads and writes straight to fsd (its generic
     /// direct-I/O path), and with it gives what a local filesystem gives: dirty pages
     /// of the range written back before a direct read, cached pages dropped after a
     /// direct write, and shared mappings allowed. Reads the page cache holds never
     /// reach fsd.
     PageCache,
-    /// Every handle bypasses the page cache (FOPEN_DIRECT_IO, fsd --direct-io): each
+    /// Every handle bypasses the page cache (FOPEN_DIRECT_IO, fsd's default): each
     /// read and write is a request to fsd, of the size the program asked for. The
     /// data is cached once, in fsd's cache, rather than also in the kernel's, and
     /// streams cost less (no page cache to fill and drop); reads the page cache would
@@ -117,13 +118,13 @@ pub enum CacheMode {
 }
 
 impl CacheMode {
-    /// The mode fsd's (and nullfs's) command-line flags choose; the parsers reject
-    /// both at once.
-    pub fn from_flags(direct_io: bool, writeback_cache: bool) -> CacheMode {
-        match (direct_io, writeback_cache) {
-            (true, _) => CacheMode::Direct,
+    /// The mode fsd's (and nullfs's) command-line flags choose: direct I/O unless
+    /// `--page-cache` or `--writeback-cache` (the parsers reject two at once).
+    pub fn from_flags(page_cache: bool, writeback_cache: bool) -> CacheMode {
+        match (page_cache, writeback_cache) {
+            (true, _) => CacheMode::PageCache,
             (false, true) => CacheMode::WriteBack,
-            (false, false) => CacheMode::PageCache,
+            (false, false) => CacheMode::Direct,
         }
     }
 

@@ -1,9 +1,9 @@
-//! `fsd --direct-io`: every handle bypasses the kernel's page cache. Plain buffered
+//! `fsd --direct-io` (the default): every handle bypasses the kernel's page cache. Plain buffered
 //! reads and writes round-trip byte for byte through a cache smaller than the file
 //! (so the data comes back from the memnode), every read reaches fsd however recently
 //! the same bytes were read (fsd counts the bytes it serves), and shared mappings stay
 //! coherent with read(2) and write(2) on kernels that allow them (Linux 6.6). On the
-//! default mount the same second read never reaches fsd, which shows the count can
+//! `--page-cache` mount the same second read never reaches fsd, which shows the count can
 //! tell the two apart. A write the kernel splits inside a sector (from a buffer that
 //! is not page-aligned) reads nothing from the memnode.
 
@@ -143,12 +143,12 @@ fn with_direct_io_writes_from_an_unaligned_buffer_read_nothing_from_the_memnode(
 }
 
 #[test]
-fn without_direct_io_the_page_cache_answers_a_second_read() {
+fn with_page_cache_the_kernel_answers_a_second_read() {
     let _serial = heavy_test();
     let pattern = Pattern::for_test("page cache answers re-reads");
     let memnode = MemnodeProc::start("256M");
     let stats = StatsFile::new();
-    let fsd = mount(&memnode, &stats, &[]);
+    let fsd = mount(&memnode, &stats, &["--page-cache"]);
     let path = fsd.join("cached");
     pattern.write_file(&path, MIB);
     rmemfs_tests::kernel::drop_page_cache();

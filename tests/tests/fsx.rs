@@ -137,13 +137,17 @@ fn fsx_runs_50000_operations_on_a_file_larger_than_the_cache_without_a_miscompar
     let _serial = heavy_test();
     let (seed, ops) = seed_and_ops();
     let memnode = MemnodeProc::start("256M");
-    let fsd = FsdMount::with_memnode(&memnode, &["--cache", "1M", "--block-size", "64K"]);
+    let fsd = FsdMount::with_memnode(
+        &memnode,
+        &["--cache", "1M", "--block-size", "64K", "--page-cache"],
+    );
     run_fsx(&fsd, ops, seed, Duration::ZERO, || {});
     fsd.unmount();
 }
 
-/// The same with `--direct-io`: reads and writes bypass the page cache while fsx's
-/// mapped reads and writes go through it, so this checks that the two stay coherent.
+/// The same with `--direct-io` (the default): reads and writes bypass the page cache
+/// while fsx's mapped reads and writes go through it, so this checks that the two
+/// stay coherent.
 #[test]
 fn fsx_runs_50000_operations_with_direct_io_without_a_miscompare() {
     let _serial = heavy_test();

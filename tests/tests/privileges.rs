@@ -74,7 +74,7 @@ fn sh(dir: &Path, unprivileged: bool, script: &str) {
 
 #[test]
 fn writes_truncates_and_fallocates_by_unprivileged_users_clear_setuid_and_setgid() {
-    unprivileged_changes_clear_setuid_and_setgid(&[]);
+    unprivileged_changes_clear_setuid_and_setgid(&["--page-cache"]);
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! `nullfs MOUNTPOINT [--threads N] [--direct-io | --writeback-cache]
+//! `nullfs MOUNTPOINT [--threads N] [--direct-io | --page-cache | --writeback-cache]
 //! [--fuse-transport auto|io-uring|classic]`: a FUSE filesystem that keeps no data,
 //! for the benchmark only. It measures the ceiling FUSE itself puts on any FUSE
 //! filesystem on this host: writes are dropped (the file only grows), reads return
@@ -35,11 +35,14 @@ struct Options {
     #[arg(long, default_value_t = 4,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     threads: usize,
-    /// Bypass the kernel's page cache (as fsd's --direct-io).
-    #[arg(long, conflicts_with = "writeback_cache")]
+    /// Bypass the kernel's page cache (the default, as fsd's --direct-io).
+    #[arg(long, group = "cache_mode")]
     direct_io: bool,
+    /// Serve through the kernel's page cache (as fsd's --page-cache).
+    #[arg(long, group = "cache_mode")]
+    page_cache: bool,
     /// Let the kernel write back cached writes later (as fsd's --writeback-cache).
-    #[arg(long)]
+    #[arg(long, group = "cache_mode")]
     writeback_cache: bool,
     /// How the kernel hands FUSE requests over (as fsd's --fuse-transport).
     #[arg(long, value_enum, default_value = "auto")]
@@ -56,7 +59,7 @@ fn run(opts: Options) -> anyhow::Result<()> {
     // SAFETY: geteuid/getegid have no preconditions and cannot fail.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let config = fsd::mount::config("nullfs", opts.threads, uid == 0);
-    let cache = CacheMode::from_flags(opts.direct_io, opts.writeback_cache);
+    let cache = CacheMode::from_flags(opts.page_cache, opts.writeback_cache);
     let fs = std::sync::Arc::new(fuse::NullFs::new(uid, gid, cache));
     let serving = fsd::mount::Serving {
         transport: opts.fuse_transport,
