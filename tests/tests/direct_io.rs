@@ -1,4 +1,4 @@
-//! O_DIRECT on the mount, checked against what a local filesystem does: aligned direct
+//! O_DIRECT on a `--page-cache` mount, checked against what a local filesystem does: aligned direct
 //! writes and reads round-trip byte for byte, leave nothing in the kernel's page cache
 //! (mincore), replace what the page cache held for the range, see stores of a shared
 //! mapping not yet written back (a local filesystem writes the range back before a
@@ -18,9 +18,14 @@ use std::path::Path;
 
 const ALIGN: usize = 4096;
 
+/// A mount through the kernel's page cache, where O_DIRECT handles are the ones that
+/// bypass it (on the default --direct-io mount every handle does).
 fn rmemfs() -> (FsdMount, MemnodeProc) {
     let memnode = MemnodeProc::start("256M");
-    let fsd = FsdMount::with_memnode(&memnode, &["--cache", "2M", "--block-size", "64K"]);
+    let fsd = FsdMount::with_memnode(
+        &memnode,
+        &["--cache", "2M", "--block-size", "64K", "--page-cache"],
+    );
     (fsd, memnode)
 }
 
