@@ -259,17 +259,22 @@ impl RingLauncher {
         let (ready_tx, ready_rx) = mpsc::channel();
         for t in 0..queues * per_queue {
             let qid = (t % queues) as u16;
-            let (ops, shared, ready_tx) = (ops.clone(), shared.clone(), ready_tx.clone());
+            let (ops, mine, ready_tx) = (ops.clone(), shared.clone(), ready_tx.clone());
             *lock(&shared.alive) += 1;
-            std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name(format!("fuse-ring-{qid}"))
                 .spawn(move || {
-                    serve_queue(&*ops, qid, payload_len, &shared, ready_tx);
-                    let mut alive = lock(&shared.alive);
+                    serve_queue(&*ops, qid, payload_len, &mine, ready_tx);
+                    let mut alive = lock(&mine.alive);
                     *alive -= 1;
-                    shared.alive_cv.notify_all();
-                })
-                .context("starting a FUSE ring thread")?;
+                    mine.alive_cv.notify_all();
+                });
+            if let Err(e) = spawned {
+                // The threads already started must not wait for a go that never comes.
+                *lock(&shared.alive) -= 1;
+                RingLauncher { shared }.cancel();
+                return Err(e).context("starting a FUSE ring thread");
+            }
         }
         drop(ready_tx);
         let launcher = RingLauncher { shared };
