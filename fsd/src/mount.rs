@@ -87,6 +87,7 @@ fn prepare_ring<O: FuseOps>(
 pub struct Mounted<O: FuseOps> {
     session: fuser::Session<Classic<O>>,
     session_over: Arc<AtomicBool>,
+    unmount_asked: Arc<AtomicBool>,
     signal_handle: signal_hook::iterator::Handle,
     signal_thread: JoinHandle<()>,
 }
@@ -128,10 +129,12 @@ impl<O: FuseOps> Mounted<O> {
         let _ = std::io::stdout().flush();
 
         let session_over = Arc::new(AtomicBool::new(false));
+        let unmount_asked = Arc::new(AtomicBool::new(false));
         let signal_handle = signals.handle();
         let mountpoint: PathBuf = mountpoint.into();
         let signal_thread = {
             let session_over = session_over.clone();
+            let unmount_asked = unmount_asked.clone();
             std::thread::spawn(move || {
                 let mut signals = signals.forever();
                 let Some(sig) = signals.next() else { return };
@@ -139,6 +142,7 @@ impl<O: FuseOps> Mounted<O> {
                     return;
                 }
                 log::info!("signal {sig}: unmounting {}", mountpoint.display());
+                unmount_asked.store(true, Ordering::SeqCst);
                 if let Err(e) = unmounter.unmount() {
                     log::warn!(
                         "unmount failed ({e}); detached lazily, serving open files until \
@@ -156,6 +160,7 @@ impl<O: FuseOps> Mounted<O> {
         Ok(Mounted {
             session,
             session_over,
+            unmount_asked,
             signal_handle,
             signal_thread,
         })
@@ -163,7 +168,20 @@ impl<O: FuseOps> Mounted<O> {
 
     /// Serves requests until the filesystem is unmounted.
     pub fn run(self) -> anyhow::Result<()> {
-        let result = self.session.run();
+        let result = match self.session.run() {
+            // The kernel tears a detached mount's connection down when its last user
+            // lets go, and may report that to the reader as an abort rather than as
+            // the usual ENODEV: after an unmount fsd asked for, that is the end it
+            // was waiting for. An abort nobody asked for stays an error.
+            Err(e)
+                if e.raw_os_error() == Some(libc::ECONNABORTED)
+                    && self.unmount_asked.load(Ordering::SeqCst) =>
+            {
+                log::info!("the kernel ended the FUSE connection after the unmount");
+                Ok(())
+            }
+            other => other,
+        };
         self.session_over.store(true, Ordering::SeqCst);
         self.signal_handle.close();
         let _ = self.signal_thread.join();
