@@ -215,7 +215,7 @@ impl RmemFs {
     fn attr_of(&self, inode: &Inode) -> Attr {
         let m = inode.meta();
         let mut a = m.attr.clone();
-        a.allocated = m.blocks.len() as u64 * self.block_size;
+        a.allocated = m.allocated;
         a
     }
 
@@ -420,6 +420,7 @@ impl RmemFs {
             }
             m.released = true;
             let blocks = std::mem::take(&mut m.blocks);
+            m.allocated = 0;
             for &i in blocks.keys() {
                 m.block_changed(i);
             }
@@ -477,6 +478,7 @@ impl RmemFs {
             let freed = {
                 let mut m = inode.meta();
                 let freed = m.blocks.split_off(&first_gone);
+                m.recount_allocated();
                 for &i in freed.keys() {
                     m.block_changed(i);
                 }
@@ -614,8 +616,7 @@ impl RmemFs {
             .ok_or(FsError::TooLarge)?;
         let inode = self.file_inode(ino)?;
         let _io = inode.io_shared();
-        let bs = self.block_size;
-        self.allocate_blocks(&inode, offset / bs..(end - 1) / bs + 1)?;
+        self.allocate_blocks(&inode, offset..end)?;
         self.write_allocated(&inode, offset, data)
     }
 
@@ -665,6 +666,9 @@ impl RmemFs {
                 let block_start = i * bs;
                 let from = offset.max(block_start);
                 let to = end.min(block_start + bs);
+                // The page is locked: no write-back or load of the block is under
+                // way while its copies change size.
+                self.fit_block(inode, i, to - block_start)?;
                 let src = &data[(from - offset) as usize..(to - offset) as usize];
                 buf[(from - block_start) as usize..(to - block_start) as usize]
                     .copy_from_slice(src);
@@ -694,19 +698,26 @@ impl RmemFs {
         Ok(data.len() as u32)
     }
 
-    /// Gives every block in `range` that has none a remote location. On failure the
-    /// blocks allocated by this call are given back, so nothing half-made remains.
-    /// Returns the blocks that are new (their remote content is undefined).
+    /// Gives every block that bytes `range` of the file touch and that has none a
+    /// remote location, of the block's bytes up to the range's end (in whole pages).
+    /// On failure the blocks allocated by this call are given back, so nothing
+    /// half-made remains. Returns the blocks that are new (their remote content is
+    /// undefined). Blocks that have a smaller location keep it: see
+    /// [`RmemFs::fit_block`].
     fn allocate_blocks(&self, inode: &Inode, range: std::ops::Range<u64>) -> FsResult<Vec<u64>> {
+        let bs = self.block_size;
         let mut m = inode.meta();
         let mut fresh = Vec::new();
-        for i in range {
+        for i in range.start / bs..(range.end - 1) / bs + 1 {
             if m.blocks.contains_key(&i) {
                 continue;
             }
-            match self.remote.alloc_block() {
+            match self
+                .remote
+                .alloc_block(range.end.min((i + 1) * bs) - i * bs)
+            {
                 Ok(loc) => {
-                    m.blocks.insert(
+                    m.insert_block(
                         i,
                         BlockEntry {
                             loc,
@@ -719,7 +730,7 @@ impl RmemFs {
                 Err(e) => {
                     let undo: Vec<BlockLoc> = fresh
                         .iter()
-                        .filter_map(|i| m.blocks.remove(i))
+                        .filter_map(|&i| m.remove_block(i))
                         .map(|e| e.loc)
                         .collect();
                     drop(m);
@@ -797,6 +808,7 @@ impl RmemFs {
 }
 
 mod backing;
+mod fit;
 mod prefetch;
 mod repair;
 

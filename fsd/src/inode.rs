@@ -69,6 +69,10 @@ pub struct Meta {
     pub attr: Attr,
     /// Regular files: block index -> remote location. Holes are absent.
     pub blocks: BTreeMap<u64, BlockEntry>,
+    /// Bytes of remote memory `blocks` hold, one copy each (`st_blocks`). Kept by
+    /// [`Meta::insert_block`], [`Meta::remove_block`], [`Meta::resize_block`], and
+    /// [`Meta::recount_allocated`] after changing `blocks` wholesale.
+    pub allocated: u64,
     /// Symlinks: the target.
     pub target: Option<PathBuf>,
     /// Extended attributes.
@@ -108,6 +112,7 @@ impl Inode {
             meta: Mutex::new(Meta {
                 attr,
                 blocks: BTreeMap::new(),
+                allocated: 0,
                 target,
                 xattrs: BTreeMap::new(),
                 lookups: 0,
@@ -137,6 +142,30 @@ impl Inode {
 }
 
 impl Meta {
+    pub fn insert_block(&mut self, index: u64, entry: BlockEntry) {
+        self.allocated += entry.loc.bytes();
+        if let Some(old) = self.blocks.insert(index, entry) {
+            self.allocated -= old.loc.bytes();
+        }
+    }
+
+    pub fn remove_block(&mut self, index: u64) -> Option<BlockEntry> {
+        let e = self.blocks.remove(&index)?;
+        self.allocated -= e.loc.bytes();
+        Some(e)
+    }
+
+    /// Gives block `index` the copies `loc` (of another size); returns the old ones.
+    pub fn resize_block(&mut self, index: u64, loc: BlockLoc) -> Option<BlockLoc> {
+        let e = self.blocks.get_mut(&index)?;
+        self.allocated = self.allocated + loc.bytes() - e.loc.bytes();
+        Some(std::mem::replace(&mut e.loc, loc))
+    }
+
+    pub fn recount_allocated(&mut self) {
+        self.allocated = self.blocks.values().map(|e| e.loc.bytes()).sum();
+    }
+
     /// True when nothing refers to the file's data any more: no name, no open handle.
     pub fn is_unreferenced(&self) -> bool {
         self.attr.nlink == 0 && self.opens == 0

@@ -82,11 +82,10 @@ impl RmemFs {
         Ok(())
     }
 
-    /// Gives every block that `bytes` touches a remote location.
+    /// Gives every block that `bytes` touches remote memory up to the range's end.
     fn reserve(&self, inode: &Inode, bytes: Range<u64>) -> FsResult<()> {
-        let bs = self.block_size;
-        self.allocate_blocks(inode, bytes.start / bs..(bytes.end - 1) / bs + 1)
-            .map(|_| ())
+        self.allocate_blocks(inode, bytes.clone())?;
+        self.fit_blocks(inode, bytes)
     }
 
     /// Makes `bytes` a hole: zeros in the edge blocks, whole blocks freed.
@@ -142,7 +141,7 @@ impl RmemFs {
             let mut m = inode.meta();
             let freed = doomed
                 .iter()
-                .filter_map(|i| m.blocks.remove(i))
+                .filter_map(|&i| m.remove_block(i))
                 .map(|e| e.loc)
                 .collect();
             for &i in &doomed {

@@ -287,6 +287,7 @@ impl Namespace {
                     .values()
                     .filter_map(|b| Some((b.index, block(b)?)))
                     .collect::<BTreeMap<_, _>>();
+                m.recount_allocated();
                 m.dirty_blocks = Some(Default::default());
             }
             inodes.insert(ino, Arc::new(inode));

@@ -26,6 +26,7 @@ mod watch;
 pub use node::VolumeSpec;
 use node::{LinkConfig, Node};
 pub use placement::{BlockLoc, Replica, MAX_REPLICAS};
+pub use pool::{pages_for, PAGE};
 use rmemfs_common::control::{self, ControlError};
 use rmemfs_common::fabric::{Endpoint, FabricError, RdmaOp, RemoteAddr, MAX_DATA_OP};
 use rmemfs_common::protocol::Allocation;
@@ -47,6 +48,8 @@ pub enum RemoteError {
     Control { node: String, error: ControlError },
     #[error("no copy of the block is left: the memnodes that held it were lost")]
     Lost,
+    #[error("bytes past a block's allocation ({bytes} bytes) are not zero: fsd would drop them")]
+    PastAllocation { bytes: u64 },
 }
 
 impl RemoteError {
@@ -110,11 +113,16 @@ pub struct RemoteStore {
     replicas: usize,
     block_size: u64,
     chunk_size: u64,
-    /// A take that leaves a node's pool with fewer free blocks asks for a chunk ahead.
+    /// A take that leaves a node's pool with fewer free bytes asks for a chunk ahead.
     low_water: u64,
     next_node: AtomicUsize,
     pub counters: Arc<RemoteCounters>,
     threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// How many of the `len` bytes at `offset` of a block lie in its allocation.
+fn held_part(loc: &BlockLoc, offset: usize, len: usize) -> usize {
+    (loc.bytes() as usize).saturating_sub(offset).min(len)
 }
 
 /// One remote operation on one copy, as [`RemoteStore::post`] takes them.
@@ -142,7 +150,6 @@ impl RemoteStore {
             connections: cfg.connections.max(1),
             client_id: cfg.client_id,
             token: cfg.token.clone(),
-            block_size: cfg.block_size,
             volume: cfg.volume.clone(),
         });
         let mut nodes = Vec::new();
@@ -155,7 +162,7 @@ impl RemoteStore {
                 Err(e @ (RemoteError::Fabric { .. } | RemoteError::NodeDown { .. }))
                     if cfg.volume.is_some() && memnodes.len() > 1 =>
                 {
-                    Node::unreachable(name, &link_cfg, e.to_string())
+                    Node::unreachable(name, e.to_string())
                 }
                 Err(e) => return Err(e),
             };
@@ -168,8 +175,8 @@ impl RemoteStore {
             });
         }
         let chunk_size = cfg.chunk_size.max(cfg.block_size);
-        // Half a chunk's worth of blocks left: time to ask for the next chunk.
-        let low_water = (chunk_size / cfg.block_size / 2).max(1);
+        // Half a chunk left: time to ask for the next chunk.
+        let low_water = (chunk_size / 2).max(cfg.block_size);
         let counters = Arc::new(RemoteCounters::default());
         let mut threads = Vec::new();
         for node in &nodes {
@@ -236,10 +243,11 @@ impl RemoteStore {
         self.replicas.min(self.nodes_up())
     }
 
-    /// Allocates a new block: copies on as many distinct nodes as
-    /// [`RemoteStore::copies_possible`]. Fewer nodes with room is `NoSpace`.
-    pub fn alloc_block(&self) -> Result<BlockLoc, RemoteError> {
-        let mut loc = BlockLoc::default();
+    /// Allocates a new block's first `bytes` (rounded up to whole pages, at most a
+    /// block): copies on as many distinct nodes as [`RemoteStore::copies_possible`].
+    /// Fewer nodes with room is `NoSpace`.
+    pub fn alloc_block(&self, bytes: u64) -> Result<BlockLoc, RemoteError> {
+        let mut loc = BlockLoc::new(pages_for(bytes).min(self.block_size));
         let want = self.copies_possible();
         if want == 0 {
             return Err(self.nodes[0].link().err().unwrap_or(RemoteError::Lost));
@@ -269,7 +277,7 @@ impl RemoteStore {
             if loc.has_node(idx as u16) {
                 continue;
             }
-            if let Ok(r) = self.alloc_on(idx) {
+            if let Ok(r) = self.alloc_on(idx, loc.bytes()) {
                 loc.push(r);
                 added += 1;
             }
@@ -277,8 +285,9 @@ impl RemoteStore {
         added
     }
 
-    /// One block on node `idx`, from its pool (refilled from the memnode if empty).
-    fn alloc_on(&self, idx: usize) -> Result<Replica, RemoteError> {
+    /// One copy of `bytes` on node `idx`, from its pool (refilled from the memnode if
+    /// no free extent is long enough).
+    fn alloc_on(&self, idx: usize, bytes: u64) -> Result<Replica, RemoteError> {
         let node = &self.nodes[idx];
         let link = node.link()?;
         let mut pool = lock(&node.pool);
@@ -290,8 +299,8 @@ impl RemoteStore {
             epoch: link.epoch,
             remote,
         };
-        if let Some(b) = pool.blocks.take() {
-            if pool.blocks.free_blocks() < self.low_water && !node.full.load(Ordering::Relaxed) {
+        if let Some(b) = pool.blocks.take(bytes) {
+            if pool.blocks.free_bytes() < self.low_water && !node.full.load(Ordering::Relaxed) {
                 node.refill.want();
             }
             return Ok(replica(b));
@@ -302,8 +311,9 @@ impl RemoteStore {
         self.counters
             .chunk_allocs_waited
             .fetch_add(1, Ordering::Relaxed);
-        // Refill: the preferred chunk size, then halves of it down to one block, so the
-        // last bytes of a nearly full memnode are still used.
+        // Refill: the preferred chunk size, then halves of it down to what is asked
+        // for, so the last bytes of a nearly full memnode are still used.
+        let least = pages_for(bytes);
         let mut size = self.chunk_size;
         loop {
             match control::alloc(link.control(), size) {
@@ -316,10 +326,14 @@ impl RemoteStore {
                         format_size(a.len)
                     );
                     pool.blocks.add_chunk(a);
-                    return pool.blocks.take().map(replica).ok_or(RemoteError::NoSpace);
+                    return pool
+                        .blocks
+                        .take(bytes)
+                        .map(replica)
+                        .ok_or(RemoteError::NoSpace);
                 }
-                Err(e) if e.is_no_space() && size > self.block_size => {
-                    size = (size / 2).max(self.block_size);
+                Err(e) if e.is_no_space() && size > least => {
+                    size = (size / 2).max(least);
                 }
                 Err(e) if e.is_no_space() => {
                     node.full.store(true, Ordering::Relaxed);
@@ -336,12 +350,12 @@ impl RemoteStore {
     pub fn free_blocks(&self, blocks: impl IntoIterator<Item = BlockLoc>) {
         for loc in blocks {
             for r in loc.replicas() {
-                self.free_copy(r);
+                self.free_copy(r, loc.bytes());
             }
         }
     }
 
-    fn free_copy(&self, r: &Replica) {
+    fn free_copy(&self, r: &Replica, bytes: u64) {
         let Some(node) = self.nodes.get(r.node as usize) else {
             return;
         };
@@ -350,7 +364,7 @@ impl RemoteStore {
             if pool.epoch != r.epoch {
                 return;
             }
-            let (known, release) = pool.blocks.put(r.remote);
+            let (known, release) = pool.blocks.put(r.remote, bytes);
             if !known {
                 log::error!("freeing unknown block {r:?}");
                 return;
@@ -435,8 +449,9 @@ impl RemoteStore {
     }
 
     /// Reads bytes `offset..offset + buffer length` of each block into its buffer from
-    /// one of its copies, trying the next copy when one fails. A block with no copy
-    /// left fails with [`RemoteError::Lost`].
+    /// one of its copies, trying the next copy when one fails; bytes past the
+    /// block's allocation read as zeros. A block with no copy left fails with
+    /// [`RemoteError::Lost`].
     pub fn read_blocks(
         &self,
         reads: &mut [(&BlockLoc, usize, &mut [u8])],
@@ -445,6 +460,21 @@ impl RemoteStore {
             reads.iter().map(|_| Err(RemoteError::Lost)).collect();
         // The next copy to try, per block; `None` once a block is done.
         let mut next: Vec<Option<usize>> = reads.iter().map(|_| Some(0)).collect();
+        // Bytes of each buffer the block's allocation holds; the rest is zeros.
+        let held: Vec<usize> = reads
+            .iter_mut()
+            .map(|(loc, offset, buf)| {
+                let n = held_part(loc, *offset, buf.len());
+                buf[n..].fill(0);
+                n
+            })
+            .collect();
+        for (i, (loc, _, _)) in reads.iter().enumerate() {
+            if held[i] == 0 && loc.replicas().iter().any(|r| self.holds(r)) {
+                results[i] = Ok(());
+                next[i] = None;
+            }
+        }
         loop {
             let mut chosen: Vec<Option<Replica>> = vec![None; reads.len()];
             for (i, (loc, _, _)) in reads.iter().enumerate() {
@@ -468,7 +498,7 @@ impl RemoteStore {
                     ops.push(CopyOp {
                         replica,
                         op: RdmaOp::Read {
-                            local: buf,
+                            local: &mut buf[..held[i]],
                             remote: replica.remote.offset(*offset),
                         },
                     });
@@ -488,18 +518,34 @@ impl RemoteStore {
 
     /// Writes each buffer to bytes `offset..offset + buffer length` of every copy of
     /// its block. Returns, per block, one result per copy (in the order of
-    /// `loc.replicas()`).
+    /// `loc.replicas()`). Bytes past the block's allocation are not written; they
+    /// must be zeros (what reading them gives), else the block's write fails.
     pub fn write_copies(
         &self,
         writes: &[(&BlockLoc, usize, &[u8])],
     ) -> Vec<Vec<Result<(), RemoteError>>> {
         let mut ops = Vec::new();
+        let mut refused = Vec::with_capacity(writes.len());
         for (loc, offset, buf) in writes {
+            let n = held_part(loc, *offset, buf.len());
+            let fits = buf[n..].iter().all(|&b| b == 0);
+            refused.push(!fits);
+            if !fits {
+                log::error!(
+                    "a write of {} bytes at {offset} reaches past its block's {} allocated bytes",
+                    buf.len(),
+                    loc.bytes()
+                );
+                continue;
+            }
             for r in loc.replicas() {
+                if n == 0 {
+                    continue;
+                }
                 ops.push(CopyOp {
                     replica: *r,
                     op: RdmaOp::Write {
-                        local: buf,
+                        local: &buf[..n],
                         remote: r.remote.offset(*offset),
                     },
                 });
@@ -508,7 +554,17 @@ impl RemoteStore {
         let mut outcomes = self.post(ops).into_iter();
         writes
             .iter()
-            .map(|(loc, _, _)| outcomes.by_ref().take(loc.len()).collect())
+            .zip(refused)
+            .map(|((loc, offset, buf), refused)| {
+                if refused {
+                    let e = RemoteError::PastAllocation { bytes: loc.bytes() };
+                    vec![Err(e); loc.len()]
+                } else if held_part(loc, *offset, buf.len()) == 0 {
+                    vec![Ok(()); loc.len()]
+                } else {
+                    outcomes.by_ref().take(loc.len()).collect()
+                }
+            })
             .collect()
     }
 
@@ -520,7 +576,7 @@ impl RemoteStore {
         let mut free = 0;
         for node in &self.nodes {
             let Ok(link) = node.link() else { continue };
-            let local_free = lock(&node.pool).blocks.free_blocks() * self.block_size;
+            let local_free = lock(&node.pool).blocks.free_bytes();
             match control::stat(link.control()) {
                 Ok(s) => {
                     total += s.capacity;
@@ -595,13 +651,13 @@ impl RemoteStore {
         }
     }
 
-    /// Hands a chunk of the volume to node `idx`'s block pool, with the blocks at
-    /// `used` (addresses) already taken.
+    /// Hands a chunk of the volume to node `idx`'s block pool, with the pieces in
+    /// `used` (start -> bytes) already taken.
     pub fn adopt_chunk(
         &self,
         idx: usize,
         chunk: Allocation,
-        used: &std::collections::BTreeSet<u64>,
+        used: &std::collections::BTreeMap<u64, u64>,
     ) {
         if let Some(node) = self.nodes.get(idx) {
             lock(&node.pool).blocks.add_chunk_in_use(chunk, used);
@@ -750,12 +806,12 @@ mod tests {
     fn the_next_chunk_is_allocated_ahead_so_writes_do_not_wait_for_it() {
         let (_node, r) = store();
         // The first block has to wait for the first chunk.
-        r.alloc_block().expect("first block");
+        r.alloc_block(BS).expect("first block");
         assert_eq!(allocs(&r), (1, 1));
         // Take blocks until the pool is below its low-water mark (half a chunk).
         let blocks = CHUNK / BS;
         for _ in 1..blocks / 2 + 1 {
-            r.alloc_block().expect("block of the first chunk");
+            r.alloc_block(BS).expect("block of the first chunk");
         }
         // The refill thread now brings the second chunk without anyone waiting.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -767,9 +823,9 @@ mod tests {
         // chunk arrived ahead. (Between takes the test gives the refill thread the
         // time a real write's data transfer would.)
         for _ in 0..4 * blocks {
-            r.alloc_block().expect("block");
+            r.alloc_block(BS).expect("block");
             let deadline = Instant::now() + Duration::from_secs(10);
-            while lock(&r.nodes[0].pool).blocks.free_blocks() == 0 {
+            while lock(&r.nodes[0].pool).blocks.free_bytes() == 0 {
                 assert!(Instant::now() < deadline, "the pool stayed empty");
                 std::thread::sleep(Duration::from_millis(1));
             }

@@ -26,7 +26,6 @@ pub(super) struct LinkConfig {
     /// mistakes a new link for the old one whose memory it is reclaiming.
     pub client_id: u64,
     pub token: Vec<u8>,
-    pub block_size: u64,
     /// The durable volume every link opens (`None`: scratch memory).
     pub volume: Option<VolumeSpec>,
 }
@@ -196,7 +195,7 @@ impl Node {
             up_epoch: AtomicU64::new(UP),
             pool: Mutex::new(NodePool {
                 epoch: 0,
-                blocks: BlockPool::new(cfg.block_size),
+                blocks: BlockPool::new(),
             }),
             full: AtomicBool::new(false),
             refill: Refill::default(),
@@ -205,7 +204,7 @@ impl Node {
 
     /// A node that could not be reached: down from the start, reconnected by its
     /// watch thread when it answers (epoch 1 on).
-    pub fn unreachable(name: &str, cfg: &LinkConfig, reason: String) -> Node {
+    pub fn unreachable(name: &str, reason: String) -> Node {
         log::error!("memnode {name} is down: {reason}; its copies count as lost");
         Node {
             name: name.to_string(),
@@ -217,7 +216,7 @@ impl Node {
             up_epoch: AtomicU64::new(0),
             pool: Mutex::new(NodePool {
                 epoch: 0,
-                blocks: BlockPool::new(cfg.block_size),
+                blocks: BlockPool::new(),
             }),
             full: AtomicBool::new(false),
             refill: Refill::default(),

@@ -23,19 +23,37 @@ pub struct Replica {
     pub remote: RemoteAddr,
 }
 
-/// Every copy of one block, the first being the one reads try first.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Every copy of one block, the first being the one reads try first, and how much of
+/// the block each copy holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockLoc {
     replicas: ArrayVec<Replica, MAX_REPLICAS>,
+    /// Bytes of remote memory each copy has: the block's first `bytes` (whole pages,
+    /// at most a block). The block's bytes past them are zeros nobody wrote, kept
+    /// nowhere: a file's small last block costs only the pages it uses.
+    bytes: u32,
 }
 
 impl BlockLoc {
-    pub fn from_replicas(replicas: impl IntoIterator<Item = Replica>) -> BlockLoc {
-        let mut loc = BlockLoc::default();
+    /// No copies yet, of `bytes` each.
+    pub fn new(bytes: u64) -> BlockLoc {
+        BlockLoc {
+            replicas: ArrayVec::new(),
+            bytes: u32::try_from(bytes).unwrap_or(u32::MAX),
+        }
+    }
+
+    pub fn from_replicas(bytes: u64, replicas: impl IntoIterator<Item = Replica>) -> BlockLoc {
+        let mut loc = BlockLoc::new(bytes);
         for r in replicas {
             loc.push(r);
         }
         loc
+    }
+
+    /// Bytes of remote memory each copy has (see the field).
+    pub fn bytes(&self) -> u64 {
+        self.bytes as u64
     }
 
     pub fn replicas(&self) -> &[Replica] {
@@ -83,7 +101,7 @@ mod tests {
 
     #[test]
     fn one_copy_per_memnode_and_at_most_max_replicas() {
-        let mut loc = BlockLoc::from_replicas([rep(0, 10), rep(1, 20)]);
+        let mut loc = BlockLoc::from_replicas(4096, [rep(0, 10), rep(1, 20)]);
         loc.push(rep(0, 30));
         assert_eq!(loc.replicas(), &[rep(1, 20), rep(0, 30)]);
         for n in 2..10 {

@@ -1,10 +1,18 @@
-//! Sub-allocation of fixed-size blocks from large remote chunks, for one memnode.
+//! Sub-allocation of block copies from large remote chunks, for one memnode.
 //!
 //! fsd asks a memnode for memory a chunk at a time (one control round trip buys many
-//! blocks) and hands out blocks from those chunks locally, so writing a block never
-//! needs the control path. A chunk that becomes entirely free is given back to the
-//! memnode, except one spare per node so a file that grows and shrinks does not make
-//! the pool thrash.
+//! blocks) and hands out pieces of those chunks locally, so writing a block never
+//! needs the control path. A piece is any whole number of 4 KiB pages ([`PAGE`]) up to
+//! a block: a file's last, partial block (or a whole small file) takes only the pages
+//! it uses, as on tmpfs, while whole blocks of large files still take one piece each.
+//! A chunk that becomes entirely free is given back to the memnode, except one spare
+//! per node so a file that grows and shrinks does not make the pool thrash.
+//!
+//! Free space is a set of extents per chunk, never spanning two chunks (each chunk
+//! has its own rkey). A request takes the smallest extent that fits (best fit, lowest
+//! address among equals), which keeps small pieces in the gaps small pieces left and
+//! large runs whole for whole blocks. Freeing coalesces with the neighbours in the
+//! same chunk.
 //!
 //! This module is pure bookkeeping: it never talks to the network. The caller does
 //! the Alloc/Free round trips and feeds the results in.
@@ -13,117 +21,141 @@ use rmemfs_common::fabric::RemoteAddr;
 use rmemfs_common::protocol::Allocation;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Blocks from one chunk; `free` holds the indices of blocks not in use, and
-/// `is_free` says the same per block (so a second free of a block is caught).
+/// The unit of remote memory a block copy takes: what tmpfs charges per page.
+pub const PAGE: u64 = 4096;
+
+/// `bytes` rounded up to whole pages (at least one).
+pub fn pages_for(bytes: u64) -> u64 {
+    bytes.max(1).div_ceil(PAGE) * PAGE
+}
+
 #[derive(Debug)]
 struct Chunk {
     alloc: Allocation,
-    free: Vec<u32>,
-    is_free: Vec<bool>,
-    blocks: u32,
+    /// The whole pages of the chunk (a trailing partial page is never used).
+    usable: u64,
+    free: u64,
 }
 
-/// The chunks fsd holds on one memnode and which of their blocks are free.
-#[derive(Debug)]
+/// The chunks fsd holds on one memnode and which of their pages are free.
+#[derive(Debug, Default)]
 pub struct BlockPool {
-    block_size: u64,
     /// Keyed by the chunk's start address.
     chunks: BTreeMap<u64, Chunk>,
-    /// Chunks that have at least one free block.
-    with_space: BTreeSet<u64>,
-    free_blocks: u64,
+    /// Free extents: start -> length, each inside one chunk.
+    free: BTreeMap<u64, u64>,
+    /// The same extents by (length, start), for best fit.
+    by_size: BTreeSet<(u64, u64)>,
+    free_bytes: u64,
 }
 
 impl BlockPool {
-    pub fn new(block_size: u64) -> BlockPool {
-        BlockPool {
-            block_size,
-            chunks: BTreeMap::new(),
-            with_space: BTreeSet::new(),
-            free_blocks: 0,
-        }
+    pub fn new() -> BlockPool {
+        BlockPool::default()
     }
 
-    /// Takes a free block, if any chunk has one. Lowest chunk first keeps usage
-    /// compact, so high chunks empty out and can be returned.
-    pub fn take(&mut self) -> Option<RemoteAddr> {
-        let &start = self.with_space.iter().next()?;
-        let chunk = self.chunks.get_mut(&start)?;
-        let idx = chunk.free.pop()?;
-        chunk.is_free[idx as usize] = false;
-        if chunk.free.is_empty() {
-            self.with_space.remove(&start);
+    /// Takes `bytes` (rounded up to whole pages) from the smallest free extent that
+    /// holds them, if any does.
+    pub fn take(&mut self, bytes: u64) -> Option<RemoteAddr> {
+        let len = pages_for(bytes);
+        let &(ext_len, start) = self.by_size.range((len, 0)..).next()?;
+        self.remove_extent(start, ext_len);
+        if ext_len > len {
+            self.insert_extent(start + len, ext_len - len);
         }
-        self.free_blocks -= 1;
-        Some(RemoteAddr {
-            addr: chunk.alloc.addr + idx as u64 * self.block_size,
-            rkey: chunk.alloc.rkey,
-        })
+        self.free_bytes -= len;
+        let (chunk_start, _, rkey) = self.chunk_of(start)?;
+        if let Some(c) = self.chunks.get_mut(&chunk_start) {
+            c.free -= len;
+        }
+        Some(RemoteAddr { addr: start, rkey })
     }
 
-    /// Adds a freshly allocated chunk; all its whole blocks become free.
+    /// Adds a freshly allocated chunk; all of it becomes free.
     pub fn add_chunk(&mut self, alloc: Allocation) {
-        self.add_chunk_in_use(alloc, &Default::default());
+        self.add_chunk_in_use(alloc, &BTreeMap::new());
     }
 
-    /// Adds a chunk of which the blocks at addresses `used` are already taken (a
-    /// volume's chunk, adopted at mount).
-    pub fn add_chunk_in_use(&mut self, alloc: Allocation, used: &std::collections::BTreeSet<u64>) {
-        let blocks = (alloc.len / self.block_size) as u32;
-        if blocks == 0 {
+    /// Adds a chunk of which the pieces in `used` (start -> length) are already taken
+    /// (a volume's chunk, adopted at mount). Pieces outside the chunk are ignored.
+    pub fn add_chunk_in_use(&mut self, alloc: Allocation, used: &BTreeMap<u64, u64>) {
+        let usable = alloc.len / PAGE * PAGE;
+        if usable == 0 || self.chunks.contains_key(&alloc.addr) {
             return;
         }
-        // Reverse so that `pop` hands out blocks in ascending address order.
-        let free: Vec<u32> = (0..blocks)
-            .rev()
-            .filter(|&i| !used.contains(&(alloc.addr + i as u64 * self.block_size)))
-            .collect();
-        let mut is_free = vec![false; blocks as usize];
-        for &i in &free {
-            is_free[i as usize] = true;
+        let end = alloc.addr + usable;
+        let mut at = alloc.addr;
+        let mut free = 0;
+        for (&start, &len) in used.range(alloc.addr..end) {
+            if start > at {
+                self.insert_extent(at, start - at);
+                free += start - at;
+            }
+            at = at.max((start + pages_for(len)).min(end));
         }
-        self.free_blocks += free.len() as u64;
-        if !free.is_empty() {
-            self.with_space.insert(alloc.addr);
+        if end > at {
+            self.insert_extent(at, end - at);
+            free += end - at;
         }
+        self.free_bytes += free;
         self.chunks.insert(
             alloc.addr,
             Chunk {
                 alloc,
+                usable,
                 free,
-                is_free,
-                blocks,
             },
         );
     }
 
-    /// Returns a block to its chunk. Returns chunks that should now be given back to
-    /// the memnode (entirely free, beyond the one spare kept). A block this pool does
-    /// not know is ignored (and reported by the `false`).
-    pub fn put(&mut self, block: RemoteAddr) -> (bool, Vec<Allocation>) {
-        let Some((&start, chunk)) = self.chunks.range_mut(..=block.addr).next_back() else {
+    /// Returns the piece of `bytes` at `piece` to its chunk. Returns whether the pool
+    /// knew it as taken, and the chunks that should now be given back to the memnode
+    /// (entirely free, beyond the one spare kept). A piece this pool does not know,
+    /// or one that is (partly) free already, is refused: handing it out twice would
+    /// put two files' data in one place.
+    pub fn put(&mut self, piece: RemoteAddr, bytes: u64) -> (bool, Vec<Allocation>) {
+        let len = pages_for(bytes);
+        let Some((start, usable, rkey)) = self.chunk_of(piece.addr) else {
             return (false, Vec::new());
         };
-        let offset = block.addr - start;
-        if chunk.alloc.rkey != block.rkey
-            || offset >= chunk.blocks as u64 * self.block_size
-            || !offset.is_multiple_of(self.block_size)
+        let chunk_end = start + usable;
+        if rkey != piece.rkey
+            || !(piece.addr - start).is_multiple_of(PAGE)
+            || piece.addr + len > chunk_end
         {
             return (false, Vec::new());
         }
-        let idx = (offset / self.block_size) as u32;
-        if chunk.is_free[idx as usize] {
-            // Handing it out twice would put two files' data in one block.
+        let end = piece.addr + len;
+        let overlaps = self
+            .free
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&s, &l)| s + l > piece.addr);
+        if overlaps {
             log::error!(
-                "block {:#x} freed twice; the second free is ignored",
-                block.addr
+                "remote memory {:#x}+{len} freed twice; the second free is ignored",
+                piece.addr
             );
             return (false, Vec::new());
         }
-        chunk.free.push(idx);
-        chunk.is_free[idx as usize] = true;
-        self.free_blocks += 1;
-        self.with_space.insert(start);
+        if let Some(c) = self.chunks.get_mut(&start) {
+            c.free += len;
+        }
+        let (mut from, mut to) = (piece.addr, end);
+        if let Some((&s, &l)) = self.free.range(start..piece.addr).next_back() {
+            if s + l == piece.addr {
+                self.remove_extent(s, l);
+                from = s;
+            }
+        }
+        if let Some(&l) = self.free.get(&end) {
+            if end < chunk_end {
+                self.remove_extent(end, l);
+                to = end + l;
+            }
+        }
+        self.insert_extent(from, to - from);
+        self.free_bytes += len;
         (true, self.release_empty_chunks())
     }
 
@@ -132,7 +164,7 @@ impl BlockPool {
         let empty: Vec<u64> = self
             .chunks
             .iter()
-            .filter(|(_, c)| c.free.len() as u32 == c.blocks)
+            .filter(|(_, c)| c.free == c.usable)
             .map(|(&a, _)| a)
             .collect();
         // Keep the lowest empty chunk as a spare.
@@ -141,138 +173,46 @@ impl BlockPool {
             .skip(1)
             .filter_map(|start| {
                 let c = self.chunks.remove(&start)?;
-                self.with_space.remove(&start);
-                self.free_blocks -= c.blocks as u64;
+                self.remove_extent(start, c.usable);
+                self.free_bytes -= c.usable;
                 Some(c.alloc)
             })
             .collect()
     }
 
-    /// Removes every chunk (all their blocks must be free or abandoned); for shutdown.
+    /// Removes every chunk (all their pieces must be free or abandoned); for shutdown.
     pub fn drain(&mut self) -> Vec<Allocation> {
-        self.with_space.clear();
-        self.free_blocks = 0;
+        self.free.clear();
+        self.by_size.clear();
+        self.free_bytes = 0;
         std::mem::take(&mut self.chunks)
             .into_values()
             .map(|c| c.alloc)
             .collect()
     }
 
-    /// Free blocks held locally (already allocated on the memnode).
-    pub fn free_blocks(&self) -> u64 {
-        self.free_blocks
+    /// Free bytes held locally (already allocated on the memnode).
+    pub fn free_bytes(&self) -> u64 {
+        self.free_bytes
+    }
+
+    /// The chunk holding `addr`: its start, usable bytes and rkey.
+    fn chunk_of(&self, addr: u64) -> Option<(u64, u64, u32)> {
+        let (&start, c) = self.chunks.range(..=addr).next_back()?;
+        (addr < start + c.usable).then_some((start, c.usable, c.alloc.rkey))
+    }
+
+    fn insert_extent(&mut self, start: u64, len: u64) {
+        self.free.insert(start, len);
+        self.by_size.insert((len, start));
+    }
+
+    fn remove_extent(&mut self, start: u64, len: u64) {
+        self.free.remove(&start);
+        self.by_size.remove(&(len, start));
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const BS: u64 = 4096;
-
-    fn chunk(addr: u64, blocks: u64, rkey: u32) -> Allocation {
-        Allocation {
-            addr,
-            len: blocks * BS,
-            rkey,
-        }
-    }
-
-    #[test]
-    fn hands_out_every_block_of_a_chunk_once_then_runs_dry() {
-        let mut p = BlockPool::new(BS);
-        p.add_chunk(chunk(1 << 20, 4, 7));
-        let got: Vec<_> = (0..4).map(|_| p.take().expect("a block")).collect();
-        let addrs: Vec<u64> = got.iter().map(|b| b.addr).collect();
-        assert_eq!(
-            addrs,
-            vec![
-                1 << 20,
-                (1 << 20) + BS,
-                (1 << 20) + 2 * BS,
-                (1 << 20) + 3 * BS
-            ]
-        );
-        assert!(got.iter().all(|b| b.rkey == 7));
-        assert_eq!(p.take(), None);
-    }
-
-    #[test]
-    fn an_emptied_chunk_is_returned_unless_it_is_the_spare() {
-        let mut p = BlockPool::new(BS);
-        p.add_chunk(chunk(0, 2, 1));
-        p.add_chunk(chunk(1 << 20, 2, 2));
-        let blocks: Vec<_> = (0..4).map(|_| p.take().unwrap()).collect();
-        // Freeing the first chunk's blocks: it becomes the spare, nothing returned.
-        assert_eq!(p.put(blocks[0]), (true, vec![]));
-        assert_eq!(p.put(blocks[1]), (true, vec![]));
-        // Freeing the second chunk's blocks: now two are empty, the higher one goes.
-        assert_eq!(p.put(blocks[2]), (true, vec![]));
-        assert_eq!(p.put(blocks[3]), (true, vec![chunk(1 << 20, 2, 2)]));
-        assert_eq!(p.free_blocks(), 2);
-    }
-
-    #[test]
-    fn unknown_blocks_are_refused() {
-        let mut p = BlockPool::new(BS);
-        p.add_chunk(chunk(8192, 2, 3));
-        let wrong_key = RemoteAddr {
-            addr: 8192,
-            rkey: 4,
-        };
-        let misaligned = RemoteAddr {
-            addr: 8193,
-            rkey: 3,
-        };
-        let past_end = RemoteAddr {
-            addr: 8192 + 2 * BS,
-            rkey: 3,
-        };
-        let before = RemoteAddr { addr: 0, rkey: 3 };
-        for b in [wrong_key, misaligned, past_end, before] {
-            assert!(!p.put(b).0, "{b:?} should be refused");
-        }
-    }
-
-    #[test]
-    fn a_second_free_of_a_block_is_refused_so_it_is_never_handed_out_twice() {
-        let mut p = BlockPool::new(BS);
-        p.add_chunk(chunk(0, 4, 1));
-        let b = p.take().unwrap();
-        assert!(p.put(b).0);
-        assert!(!p.put(b).0, "double free accepted");
-        let handed: Vec<u64> = std::iter::from_fn(|| p.take()).map(|b| b.addr).collect();
-        let mut unique = handed.clone();
-        unique.dedup();
-        assert_eq!(handed.len(), 4);
-        assert_eq!(unique, handed);
-    }
-
-    #[test]
-    fn an_adopted_chunk_hands_out_only_the_blocks_not_in_use() {
-        let mut p = BlockPool::new(BS);
-        let used: std::collections::BTreeSet<u64> = [BS, 3 * BS].into_iter().collect();
-        p.add_chunk_in_use(chunk(0, 4, 1), &used);
-        assert_eq!(p.free_blocks(), 2);
-        let mut got: Vec<u64> = std::iter::from_fn(|| p.take()).map(|b| b.addr).collect();
-        got.sort_unstable();
-        assert_eq!(got, vec![0, 2 * BS]);
-        assert!(
-            p.put(RemoteAddr { addr: BS, rkey: 1 }).0,
-            "a used block frees once"
-        );
-        assert!(!p.put(RemoteAddr { addr: BS, rkey: 1 }).0);
-    }
-
-    #[test]
-    fn a_partial_trailing_block_of_a_chunk_is_not_used() {
-        let mut p = BlockPool::new(BS);
-        p.add_chunk(Allocation {
-            addr: 0,
-            len: BS + 100,
-            rkey: 1,
-        });
-        assert!(p.take().is_some());
-        assert!(p.take().is_none());
-    }
-}
+#[path = "pool_tests.rs"]
+mod tests;

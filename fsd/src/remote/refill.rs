@@ -70,7 +70,7 @@ pub(super) fn start(
             let Ok(link) = node.link() else { continue };
             if node.refill.stop.load(Ordering::SeqCst)
                 || node.full.load(Ordering::Relaxed)
-                || lock(&node.pool).blocks.free_blocks() >= low_water
+                || lock(&node.pool).blocks.free_bytes() >= low_water
             {
                 continue;
             }

@@ -407,6 +407,10 @@ impl<'a> Reader<'a> {
                     return Err(FormatError::BadField("block flags"));
                 }
                 let alloc_len = r.u32()?;
+                // Whole 4 KiB pages of a block (blocks are at most 16 MiB).
+                if alloc_len == 0 || alloc_len % 4096 != 0 || alloc_len > 16 << 20 {
+                    return Err(FormatError::BadField("block allocation length"));
+                }
                 let crc = r.u32()?;
                 let n = r.u8()? as usize;
                 if n > MAX_COPIES {

@@ -18,7 +18,7 @@ use crate::namespace::Namespace;
 use crate::remote::{BlockLoc, RemoteError, RemoteStore};
 use rmemfs_common::fabric::RemoteAddr;
 use rmemfs_common::protocol::Allocation;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use thiserror::Error;
 
@@ -358,7 +358,11 @@ impl Loaded {
     /// whose member is gone, or whose address is in no chunk of the volume there,
     /// is a lost copy.
     fn resolve(&self, remote: &RemoteStore, b: &super::format::StoredBlock) -> BlockLoc {
-        let mut loc = BlockLoc::default();
+        let mut loc = BlockLoc::new(b.alloc_len as u64);
+        if b.alloc_len as u64 > remote.block_size() {
+            // Not a copy this volume's blocks can have: none of its copies is used.
+            return loc;
+        }
         for c in &b.copies {
             let Some(&node) = self.slots.get(&c.slot) else {
                 continue;
@@ -393,12 +397,15 @@ impl Loaded {
             .count()
     }
 
-    /// Block addresses in use, per node.
-    pub fn used(&self) -> Vec<BTreeSet<u64>> {
-        let mut used = vec![BTreeSet::new(); self.chunks.len()];
-        for (_, _, c) in self.image.copies() {
-            if let Some(&node) = self.slots.get(&c.slot) {
-                used[node].insert(c.addr);
+    /// Block copies in use, per node: start address -> bytes.
+    pub fn used(&self) -> Vec<BTreeMap<u64, u64>> {
+        let mut used = vec![BTreeMap::new(); self.chunks.len()];
+        let blocks = self.image.inodes.values().flat_map(|i| i.blocks.values());
+        for b in blocks {
+            for c in &b.copies {
+                if let Some(&node) = self.slots.get(&c.slot) {
+                    used[node].insert(c.addr, b.alloc_len as u64);
+                }
             }
         }
         used
@@ -434,11 +441,10 @@ impl Loaded {
             remote.free_chunk_of(node, c);
         }
         let used = self.used();
-        let bs = remote.block_size();
         for (node, chunks) in self.chunks.iter().enumerate() {
             for c in chunks.values() {
                 let is_leaked = leaked.iter().any(|(n, l)| *n == node && l.addr == c.addr);
-                if self.is_metadata(node, c) || is_leaked || c.len < bs {
+                if self.is_metadata(node, c) || is_leaked {
                     continue;
                 }
                 remote.adopt_chunk(node, *c, &used[node]);

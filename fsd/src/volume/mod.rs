@@ -123,13 +123,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// A block entry as stored: its copies on this generation's members only.
-fn encode_block(
-    members: &[Option<(u32, u64)>],
-    block_size: u64,
-    ino: Ino,
-    index: u64,
-    e: &BlockEntry,
-) -> Record {
+fn encode_block(members: &[Option<(u32, u64)>], ino: Ino, index: u64, e: &BlockEntry) -> Record {
     let copies = e
         .loc
         .replicas()
@@ -150,7 +144,7 @@ fn encode_block(
         ino,
         index,
         flags: if e.written { BLOCK_WRITTEN } else { 0 },
-        alloc_len: block_size as u32,
+        alloc_len: e.loc.bytes() as u32,
         crc: 0,
         copies,
     })
@@ -305,10 +299,9 @@ impl Volume {
         if st.need_checkpoint || self.membership_changed(&st) {
             return self.checkpoint_locked(&mut st, ns, frees);
         }
-        let bs = self.remote.block_size();
         let members = st.members.clone();
         let (entries, dirty) = ns.commit_records(|| self.journal.take(), &|ino, idx, e| {
-            encode_block(&members, bs, ino, idx, e)
+            encode_block(&members, ino, idx, e)
         });
         let mut bytes = Vec::new();
         let mut seq = st.next_seq;
@@ -396,7 +389,7 @@ impl Volume {
             || {
                 self.journal.take();
             },
-            &|ino, idx, e| encode_block(&members, bs, ino, idx, e),
+            &|ino, idx, e| encode_block(&members, ino, idx, e),
         );
         let generation = st.generation + 1;
         let checkpoint = encode_checkpoint(generation, &encode_records(&records));

@@ -12,15 +12,13 @@ fn a_block_stores_only_the_copies_of_this_generations_members() {
         remote: RemoteAddr { addr, rkey: 1 },
     };
     let e = BlockEntry {
-        loc: BlockLoc::from_replicas([
-            rep(0, 0, 4096),
-            rep(1, 0, 8192),
-            rep(2, 2, 0),
-            rep(2, 3, 0),
-        ]),
+        loc: BlockLoc::from_replicas(
+            65536,
+            [rep(0, 0, 4096), rep(1, 0, 8192), rep(2, 2, 0), rep(2, 3, 0)],
+        ),
         written: true,
     };
-    let Record::Block(b) = encode_block(&members, 65536, 5, 9, &e) else {
+    let Record::Block(b) = encode_block(&members, 5, 9, &e) else {
         panic!("not a block record");
     };
     assert_eq!(b.flags, BLOCK_WRITTEN);

@@ -1,0 +1,106 @@
+//! Blocks whose copies hold only their first pages, and growing them.
+//!
+//! A block's copies hold its first `loc.bytes()` bytes, in whole 4 KiB pages (see
+//! `remote/pool.rs`): a block is allocated up to the end of the write (or
+//! reservation) that creates it, so a 300-byte file takes one page of remote memory
+//! and a 70 KiB one a 64 KiB block and two pages, as on tmpfs. The bytes past the
+//! copies are zeros that nobody wrote. A later write past them first moves the
+//! block to larger copies:
+//!
+//! - a block whose content never reached remote memory (`written` false) just gets
+//!   copies of the new size; the cache holds everything it has;
+//! - a written block's content is copied over (read from the old copies, written to
+//!   the new ones) and its copies double in size at least, so a file appended to in
+//!   small steps after each write-back costs about one copy of itself, not one per
+//!   append.
+//!
+//! Whoever grows a block holds its cached page's lock (or the inode's io lock
+//! exclusively, with no page cached): no write-back or load of the block is under
+//! way with the old copies, which are given back at once (after the next commit on
+//! a volume, like any other freed block).
+
+use super::RmemFs;
+use crate::cache::Fill;
+use crate::error::FsResult;
+use crate::inode::Inode;
+use crate::remote::{pages_for, BlockLoc};
+use std::ops::Range;
+
+impl RmemFs {
+    /// Makes block `index`'s copies hold at least its first `need` bytes. The caller
+    /// holds the block's page lock (see the module comment). A block without copies
+    /// is left alone (a hole).
+    pub(super) fn fit_block(&self, inode: &Inode, index: u64, need: u64) -> FsResult<()> {
+        let need = pages_for(need).min(self.block_size);
+        let (old, written) = {
+            let m = inode.meta();
+            match m.blocks.get(&index) {
+                Some(e) if e.loc.bytes() < need => (e.loc.clone(), e.written),
+                _ => return Ok(()),
+            }
+        };
+        let size = if written {
+            need.max(old.bytes() * 2).min(self.block_size)
+        } else {
+            need
+        };
+        let new = self.remote.alloc_block(size)?;
+        if written {
+            if let Err(e) = self.copy_block(&old, &new) {
+                self.remote.free_blocks([new]);
+                return Err(e);
+            }
+        }
+        let replaced = {
+            let mut m = inode.meta();
+            let replaced = m.resize_block(index, new);
+            m.block_changed(index);
+            replaced
+        };
+        self.changed(inode);
+        self.free_later(replaced);
+        Ok(())
+    }
+
+    /// The content of `from` (all its bytes) into every copy of `to`.
+    fn copy_block(&self, from: &BlockLoc, to: &BlockLoc) -> FsResult<()> {
+        let mut buf = vec![0u8; from.bytes() as usize];
+        self.remote
+            .read_blocks(&mut [(from, 0, &mut buf[..])])
+            .remove(0)?;
+        for r in self.remote.write_copies(&[(to, 0, &buf[..])]).remove(0) {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Grows the blocks that bytes `range` touch and that already have smaller
+    /// copies, so a reservation (fallocate) really holds the space it promises. The
+    /// caller holds the inode's io lock exclusively.
+    pub(super) fn fit_blocks(&self, inode: &Inode, range: Range<u64>) -> FsResult<()> {
+        let bs = self.block_size;
+        let short: Vec<(u64, u64)> = {
+            let m = inode.meta();
+            (range.start / bs..(range.end - 1) / bs + 1)
+                .map(|i| (i, range.end.min((i + 1) * bs) - i * bs))
+                .filter(|&(i, need)| {
+                    m.blocks
+                        .get(&i)
+                        .is_some_and(|e| e.loc.bytes() < pages_for(need).min(bs))
+                })
+                .collect()
+        };
+        for (index, need) in short {
+            // Through the cache, so the page (if any) is locked while the copies
+            // change; loading it first is cheap next to a reservation's rarity.
+            self.cache.access(
+                self,
+                inode.ino,
+                index..index + 1,
+                |_| Fill::Load,
+                |i, _, _| self.fit_block(inode, i, need),
+            )?;
+        }
+        Ok(())
+    }
+}
