@@ -7,10 +7,13 @@
 //! copies are zeros that nobody wrote. A later write past them first moves the
 //! block to larger copies:
 //!
-//! - a block whose content never reached remote memory (`written` false) just gets
+//! - where the pages right after every copy are free, the copies just grow into
+//!   them (nothing moves: a file written or appended to in order usually grows so;
+//!   a written block's new pages are zeroed in remote memory, one write);
+//! - else a block whose content never reached remote memory (`written` false) just gets
 //!   copies of the new size; the cache holds everything it has;
 //! - a written block's content is copied over (read from the old copies, written to
-//!   the new ones) and its copies double in size at least, so a file appended to in
+//!   the new ones with zeros after it) and its copies double in size at least, so a file appended to in
 //!   small steps after each write-back costs about one copy of itself, not one per
 //!   append.
 //!
@@ -39,6 +42,19 @@ impl RmemFs {
                 _ => return Ok(()),
             }
         };
+        if let Some(grown) = self.remote.grow_in_place(&old, need) {
+            if written {
+                // The pages grown into held someone else's bytes: zeros, as the
+                // bytes past the old copies always read.
+                let zeros = vec![0u8; (grown.bytes() - old.bytes()) as usize];
+                if let Err(e) = self.write_all_copies(&grown, old.bytes() as usize, &zeros) {
+                    self.remote.shrink_in_place(&grown, old.bytes());
+                    return Err(e);
+                }
+            }
+            self.replace_copies(inode, index, grown);
+            return Ok(());
+        }
         let size = if written {
             need.max(old.bytes() * 2).min(self.block_size)
         } else {
@@ -51,24 +67,34 @@ impl RmemFs {
                 return Err(e);
             }
         }
+        if let Some(replaced) = self.replace_copies(inode, index, new) {
+            self.free_later([replaced]);
+        }
+        Ok(())
+    }
+
+    /// Gives block `index` the copies `loc`; returns the ones it had.
+    fn replace_copies(&self, inode: &Inode, index: u64, loc: BlockLoc) -> Option<BlockLoc> {
         let replaced = {
             let mut m = inode.meta();
-            let replaced = m.resize_block(index, new);
+            let replaced = m.resize_block(index, loc);
             m.block_changed(index);
             replaced
         };
         self.changed(inode);
-        self.free_later(replaced);
-        Ok(())
+        replaced
     }
 
-    /// The content of `from` (all its bytes) into every copy of `to`.
+    /// The content of `from` (all its bytes, then zeros) into every copy of `to`.
     fn copy_block(&self, from: &BlockLoc, to: &BlockLoc) -> FsResult<()> {
-        let mut buf = vec![0u8; from.bytes() as usize];
-        self.remote
-            .read_blocks(&mut [(from, 0, &mut buf[..])])
-            .remove(0)?;
-        for r in self.remote.write_copies(&[(to, 0, &buf[..])]).remove(0) {
+        let mut buf = vec![0u8; to.bytes() as usize];
+        let old = &mut buf[..from.bytes() as usize];
+        self.remote.read_blocks(&mut [(from, 0, old)]).remove(0)?;
+        self.write_all_copies(to, 0, &buf)
+    }
+
+    fn write_all_copies(&self, loc: &BlockLoc, offset: usize, data: &[u8]) -> FsResult<()> {
+        for r in self.remote.write_copies(&[(loc, offset, data)]).remove(0) {
             r?;
         }
         Ok(())

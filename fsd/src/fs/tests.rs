@@ -391,6 +391,7 @@ fn two_writers_racing_into_a_new_block_both_land_even_if_it_is_evicted_between_t
     );
 }
 
+mod small;
 mod subblock;
 
 #[test]

@@ -345,6 +345,43 @@ impl RemoteStore {
         }
     }
 
+    /// `loc` grown to `bytes` (whole pages, at most a block) where its copies lie, if
+    /// the pages after every copy are free; else `None` and nothing changed.
+    pub fn grow_in_place(&self, loc: &BlockLoc, bytes: u64) -> Option<BlockLoc> {
+        let to = pages_for(bytes).min(self.block_size);
+        let mut grown: Vec<&Replica> = Vec::new();
+        for r in loc.replicas() {
+            let ok = self.nodes.get(r.node as usize).is_some_and(|node| {
+                let mut pool = lock(&node.pool);
+                pool.epoch == r.epoch && pool.blocks.extend(r.remote, loc.bytes(), to)
+            });
+            if !ok {
+                // Give back what was taken: each grown copy's pages past the old end.
+                let grown = BlockLoc::from_replicas(to, grown.into_iter().copied());
+                self.shrink_in_place(&grown, loc.bytes());
+                return None;
+            }
+            grown.push(r);
+        }
+        Some(BlockLoc::from_replicas(to, loc.replicas().iter().copied()))
+    }
+
+    /// `loc` cut to its first `bytes` (whole pages): the pages past them go back to
+    /// the pools. The caller makes sure nothing reads or writes them any more.
+    pub fn shrink_in_place(&self, loc: &BlockLoc, bytes: u64) -> BlockLoc {
+        let to = pages_for(bytes).min(loc.bytes());
+        for r in loc.replicas() {
+            if to < loc.bytes() {
+                let tail = RemoteAddr {
+                    addr: r.remote.addr + to,
+                    rkey: r.remote.rkey,
+                };
+                self.free_copy(&Replica { remote: tail, ..*r }, loc.bytes() - to);
+            }
+        }
+        BlockLoc::from_replicas(to, loc.replicas().iter().copied())
+    }
+
     /// Gives blocks back to their pools; chunks that empty out go back to the memnode.
     /// Copies of an ended epoch are already gone and are skipped.
     pub fn free_blocks(&self, blocks: impl IntoIterator<Item = BlockLoc>) {
@@ -800,6 +837,33 @@ mod tests {
             r.counters.chunk_allocs.load(Ordering::Relaxed),
             r.counters.chunk_allocs_waited.load(Ordering::Relaxed),
         )
+    }
+
+    #[test]
+    fn a_copy_holds_whole_pages_and_the_bytes_past_them_read_as_zeros() {
+        let (_node, r) = store();
+        let loc = r.alloc_block(100).expect("a block of one page");
+        assert_eq!(loc.bytes(), PAGE);
+        let mut data = vec![0u8; 2 * PAGE as usize];
+        data[..PAGE as usize].fill(0xab);
+        let ok = r.write_copies(&[(&loc, 0, &data[..])]);
+        assert!(ok[0].iter().all(|c| c.is_ok()), "{ok:?}");
+        let mut back = vec![0xffu8; 2 * PAGE as usize];
+        r.read_blocks(&mut [(&loc, 0, &mut back[..])])[0]
+            .clone()
+            .expect("read");
+        assert!(back == data, "the page back, then zeros");
+        // A non-zero byte past the copy would be dropped: the write fails instead.
+        data[PAGE as usize + 5] = 1;
+        let refused = r.write_copies(&[(&loc, 0, &data[..])]);
+        assert!(
+            matches!(
+                refused[0][..],
+                [Err(RemoteError::PastAllocation { bytes: PAGE })]
+            ),
+            "{refused:?}"
+        );
+        r.free_blocks([loc]);
     }
 
     #[test]

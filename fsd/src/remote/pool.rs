@@ -71,6 +71,31 @@ impl BlockPool {
         Some(RemoteAddr { addr: start, rkey })
     }
 
+    /// Grows the piece of `bytes` at `piece` to `to` bytes where it lies, if the pages
+    /// right after it are free (in the same chunk). False leaves everything as it was.
+    pub fn extend(&mut self, piece: RemoteAddr, bytes: u64, to: u64) -> bool {
+        let (old, new) = (pages_for(bytes), pages_for(to));
+        let Some((start, usable, rkey)) = self.chunk_of(piece.addr) else {
+            return false;
+        };
+        let end = piece.addr + old;
+        let Some(&len) = self.free.get(&end) else {
+            return false;
+        };
+        if rkey != piece.rkey || new <= old || end >= start + usable || len < new - old {
+            return false;
+        }
+        self.remove_extent(end, len);
+        if len > new - old {
+            self.insert_extent(piece.addr + new, len - (new - old));
+        }
+        self.free_bytes -= new - old;
+        if let Some(c) = self.chunks.get_mut(&start) {
+            c.free -= new - old;
+        }
+        true
+    }
+
     /// Adds a freshly allocated chunk; all of it becomes free.
     pub fn add_chunk(&mut self, alloc: Allocation) {
         self.add_chunk_in_use(alloc, &BTreeMap::new());

@@ -60,6 +60,24 @@ fn best_fit_keeps_long_runs_for_whole_blocks() {
 }
 
 #[test]
+fn a_piece_grows_in_place_only_into_free_pages_of_its_chunk() {
+    let mut p = BlockPool::new();
+    p.add_chunk(chunk(0, 8, 1));
+    p.add_chunk(chunk(8 * PAGE, 8, 2));
+    let a = p.take(PAGE).unwrap();
+    let b = p.take(2 * PAGE).unwrap();
+    assert!(!p.extend(a, PAGE, 2 * PAGE), "b lies right after a");
+    assert!(p.extend(b, 2 * PAGE, 7 * PAGE));
+    assert_eq!(p.free_bytes(), 8 * PAGE);
+    assert!(
+        !p.extend(b, 7 * PAGE, 9 * PAGE),
+        "never into the next chunk"
+    );
+    assert!(p.put(b, 7 * PAGE).0, "the grown piece frees whole");
+    assert_eq!(p.free_bytes(), 15 * PAGE);
+}
+
+#[test]
 fn extents_never_coalesce_across_chunks() {
     let mut p = BlockPool::new();
     // Two chunks that touch in address space, with different rkeys.
