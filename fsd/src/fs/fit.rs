@@ -26,7 +26,7 @@ use super::RmemFs;
 use crate::cache::Fill;
 use crate::error::FsResult;
 use crate::inode::Inode;
-use crate::remote::{pages_for, BlockLoc};
+use crate::remote::{pages_for, BlockLoc, RemoteError};
 use std::ops::Range;
 
 impl RmemFs {
@@ -42,16 +42,31 @@ impl RmemFs {
                 _ => return Ok(()),
             }
         };
-        if let Some(grown) = self.remote.grow_in_place(&old, need) {
-            if written {
+        // Copies lost with a memnode are dropped here, as a write-back drops them.
+        let mut live = old.clone();
+        live.retain(|r| self.remote.holds(r));
+        if written && live.is_empty() {
+            return Err(RemoteError::Lost.into());
+        }
+        let grown = match live.is_empty() {
+            true => None,
+            false => self.remote.grow_in_place(&live, need),
+        };
+        if let Some(grown) = grown {
+            let grown = if written {
                 // The pages grown into held someone else's bytes: zeros, as the
                 // bytes past the old copies always read.
                 let zeros = vec![0u8; (grown.bytes() - old.bytes()) as usize];
-                if let Err(e) = self.write_all_copies(&grown, old.bytes() as usize, &zeros) {
-                    self.remote.shrink_in_place(&grown, old.bytes());
-                    return Err(e);
+                match self.write_surviving(&grown, old.bytes() as usize, &zeros) {
+                    Ok(kept) => kept,
+                    Err(e) => {
+                        self.remote.shrink_in_place(&grown, old.bytes());
+                        return Err(e);
+                    }
                 }
-            }
+            } else {
+                grown
+            };
             self.replace_copies(inode, index, grown);
             return Ok(());
         }
@@ -60,12 +75,9 @@ impl RmemFs {
         } else {
             need
         };
-        let new = self.remote.alloc_block(size)?;
+        let mut new = self.remote.alloc_block(size)?;
         if written {
-            if let Err(e) = self.copy_block(&old, &new) {
-                self.remote.free_blocks([new]);
-                return Err(e);
-            }
+            new = self.copy_block(&live, new)?;
         }
         if let Some(replaced) = self.replace_copies(inode, index, new) {
             self.free_later([replaced]);
@@ -85,19 +97,39 @@ impl RmemFs {
         replaced
     }
 
-    /// The content of `from` (all its bytes, then zeros) into every copy of `to`.
-    fn copy_block(&self, from: &BlockLoc, to: &BlockLoc) -> FsResult<()> {
+    /// The content of `from` (all its bytes, then zeros) into the copies of `to`;
+    /// returns `to` with the copies that took it (`to` is given back on failure).
+    fn copy_block(&self, from: &BlockLoc, to: BlockLoc) -> FsResult<BlockLoc> {
         let mut buf = vec![0u8; to.bytes() as usize];
         let old = &mut buf[..from.bytes() as usize];
-        self.remote.read_blocks(&mut [(from, 0, old)]).remove(0)?;
-        self.write_all_copies(to, 0, &buf)
+        if let Err(e) = self.remote.read_blocks(&mut [(from, 0, old)]).remove(0) {
+            self.remote.free_blocks([to]);
+            return Err(e.into());
+        }
+        self.write_surviving(&to, 0, &buf).inspect_err(|_| self.remote.free_blocks([to]))
     }
 
-    fn write_all_copies(&self, loc: &BlockLoc, offset: usize, data: &[u8]) -> FsResult<()> {
-        for r in self.remote.write_copies(&[(loc, offset, data)]).remove(0) {
-            r?;
+    /// Writes `data` at `offset` of every copy of `loc` and returns `loc` without the
+    /// copies whose write failed (given back, like copies a write-back loses: the
+    /// caller puts the result in the block map). Fails when no copy took it, giving
+    /// nothing back.
+    fn write_surviving(&self, loc: &BlockLoc, offset: usize, data: &[u8]) -> FsResult<BlockLoc> {
+        let results = self.remote.write_copies(&[(loc, offset, data)]).remove(0);
+        let failed = |r: &crate::remote::Replica| {
+            let i = loc.replicas().iter().position(|x| x == r);
+            i.is_some_and(|i| results[i].is_err())
+        };
+        let (mut kept, mut lost) = (loc.clone(), loc.clone());
+        kept.retain(|r| !failed(r));
+        lost.retain(failed);
+        if kept.is_empty() {
+            let first = results.iter().find_map(|r| r.clone().err());
+            return Err(first.unwrap_or(RemoteError::Lost).into());
         }
-        Ok(())
+        if !lost.is_empty() {
+            self.remote.free_blocks([lost]);
+        }
+        Ok(kept)
     }
 
     /// Grows the blocks that bytes `range` touch and that already have smaller
