@@ -464,6 +464,8 @@ impl RmemFs {
                     |_, buf, dirty| {
                         buf[tail as usize..].fill(0);
                         *dirty = true;
+                        // The pages past the new end hold nothing any more.
+                        self.shrink_block(inode, last, tail);
                         Ok(())
                     },
                 )?;

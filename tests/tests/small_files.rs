@@ -91,7 +91,12 @@ fn assert_same_content(expected: &TreeSnapshot, found: &TreeSnapshot, what: &str
         diffs.len(),
         expected.entries.len(),
         found.entries.len(),
-        diffs.iter().take(20).cloned().collect::<Vec<_>>().join("\n")
+        diffs
+            .iter()
+            .take(20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 }
 
@@ -112,7 +117,10 @@ fn a_source_tree_takes_no_more_remote_memory_than_on_tmpfs_and_comes_back_exact(
     copy_tree(&src, fsd.path());
     let used = memnode.stats().used - idle;
     let ratio = used as f64 / on_tmpfs as f64;
-    println!("memnode used {} KiB for the tree: {ratio:.3}x tmpfs", used / 1024);
+    println!(
+        "memnode used {} KiB for the tree: {ratio:.3}x tmpfs",
+        used / 1024
+    );
     assert!(
         ratio <= 1.05,
         "the tree takes {} KiB of remote memory, {ratio:.3}x the {} KiB tmpfs uses for it \
@@ -143,7 +151,10 @@ fn a_source_tree_takes_no_more_remote_memory_than_on_tmpfs_and_comes_back_exact(
     fsd.unmount();
     let fsd = FsdMount::with_memnode(&memnode, &args);
     let after = TreeSnapshot::take(&fsd.join("tree"));
-    before.assert_same(&after, "the tree after an unmount and a mount of the volume");
+    before.assert_same(
+        &after,
+        "the tree after an unmount and a mount of the volume",
+    );
     assert_same_content(&expected, &after, "the tree on the volume, mounted again");
     fsd.unmount();
 }

@@ -26,7 +26,7 @@ use super::RmemFs;
 use crate::cache::Fill;
 use crate::error::FsResult;
 use crate::inode::Inode;
-use crate::remote::{pages_for, BlockLoc, RemoteError};
+use crate::remote::{pages_for, BlockLoc, RemoteError, Replica};
 use std::ops::Range;
 
 impl RmemFs {
@@ -85,6 +85,25 @@ impl RmemFs {
         Ok(())
     }
 
+    /// Cuts block `index`'s copies to the pages holding its first `keep` bytes (a
+    /// truncate ended the file inside it; the bytes past `keep` are zeros). The
+    /// caller holds the block's page lock. The pages cut go back like freed blocks.
+    pub(super) fn shrink_block(&self, inode: &Inode, index: u64, keep: u64) {
+        let keep = pages_for(keep);
+        let old = match inode.meta().blocks.get(&index) {
+            Some(e) if e.loc.bytes() > keep => e.loc.clone(),
+            _ => return,
+        };
+        let tail = old.replicas().iter().map(|r| Replica {
+            remote: r.remote.offset(keep as usize),
+            ..*r
+        });
+        let tail = BlockLoc::from_replicas(old.bytes() - keep, tail);
+        let kept = BlockLoc::from_replicas(keep, old.replicas().iter().copied());
+        self.replace_copies(inode, index, kept);
+        self.free_later([tail]);
+    }
+
     /// Gives block `index` the copies `loc`; returns the ones it had.
     fn replace_copies(&self, inode: &Inode, index: u64, loc: BlockLoc) -> Option<BlockLoc> {
         let replaced = {
@@ -106,7 +125,8 @@ impl RmemFs {
             self.remote.free_blocks([to]);
             return Err(e.into());
         }
-        self.write_surviving(&to, 0, &buf).inspect_err(|_| self.remote.free_blocks([to]))
+        self.write_surviving(&to, 0, &buf)
+            .inspect_err(|_| self.remote.free_blocks([to]))
     }
 
     /// Writes `data` at `offset` of every copy of `loc` and returns `loc` without the

@@ -151,3 +151,28 @@ fn growth_into_full_memory_fails_with_enospc_and_keeps_what_was_written() {
     assert_eq!(read_all(&r.fs, small, 100), b"keep me");
     assert_eq!(allocated(&r.fs, small), PAGE);
 }
+
+#[test]
+fn truncating_into_a_block_gives_back_the_pages_past_the_new_end() {
+    let r = small_rig(16 << 20);
+    let ino = new_file(&r.fs, "cut");
+    let data = pattern((BIG + 5000) as usize, 7);
+    r.fs.write(ino, 0, &data).unwrap();
+    write_back_and_drop(&r.fs, ino);
+    let free_before = r.fs.statfs().free_bytes;
+    let cut = SetAttr {
+        size: Some(100),
+        ..SetAttr::default()
+    };
+    r.fs.setattr(ino, &cut).unwrap();
+    assert_eq!(allocated(&r.fs, ino), PAGE);
+    assert_eq!(r.fs.statfs().free_bytes - free_before, BIG + PAGE);
+    // Growing again reads zeros past the cut, from the cache and from remote memory.
+    r.fs.write(ino, 9000, b"end").unwrap();
+    let mut want = data[..100].to_vec();
+    want.resize(9000, 0);
+    want.extend(b"end");
+    assert!(read_all(&r.fs, ino, 9003) == want);
+    write_back_and_drop(&r.fs, ino);
+    assert!(read_all(&r.fs, ino, 9003) == want);
+}
