@@ -241,8 +241,8 @@ impl RmemFs {
             self.truncate(&inode, size)?;
         }
         let mut m = inode.meta();
-        if m.attr.kind != FileKind::Dir && req.kill_privs.applies_to(m.attr.perm) {
-            m.attr.perm = privs::without_privs(m.attr.perm);
+        if m.attr.kind != FileKind::Dir {
+            m.attr.perm = req.kill_privs.perm_after(m.attr.perm, m.attr.gid);
         }
         let now = SystemTime::now();
         let resolve = |t: SetTime| match t {
@@ -622,13 +622,14 @@ impl RmemFs {
         self.write_allocated(&inode, offset, data)
     }
 
-    /// Clears setuid/setgid of a file before a write by a caller without
-    /// `CAP_FSETID` (the kernel says so with the write; see `privs.rs`).
-    pub fn kill_privs(&self, ino: Ino) -> FsResult<()> {
+    /// Clears setuid/setgid of a file as `how` says, before a write or fallocate
+    /// (see `privs.rs`).
+    pub fn kill_privs(&self, ino: Ino, how: KillPrivs) -> FsResult<()> {
         let inode = self.file_inode(ino)?;
         let mut m = inode.meta();
-        if privs::has_privs(m.attr.perm) {
-            m.attr.perm = privs::without_privs(m.attr.perm);
+        let perm = how.perm_after(m.attr.perm, m.attr.gid);
+        if perm != m.attr.perm {
+            m.attr.perm = perm;
             m.touch_ctime();
             drop(m);
             self.changed(&inode);

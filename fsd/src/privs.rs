@@ -4,10 +4,11 @@
 //! In exchange the kernel marks inodes without setuid, setgid or security xattrs
 //! `S_NOSEC` and stops asking for `security.capability` before every write: one
 //! FUSE round trip less per `write(2)`. The rules are those of a local Linux
-//! filesystem (`should_remove_suid`, `chown_common`):
-//! - setuid is always cleared; setgid only with group-execute (without it, setgid
-//!   marks mandatory locking and stays);
-//! - on write and truncate only when the caller lacks `CAP_FSETID`; on chown always;
+//! filesystem (`setattr_should_drop_suidgid`, `chown_common`), as tmpfs applies them:
+//! - on write, truncate and fallocate, only when the caller lacks `CAP_FSETID`:
+//!   setuid always, setgid with group-execute, and setgid without group-execute too
+//!   when the caller is not in the file's group;
+//! - on chown: setuid always, setgid with group-execute;
 //! - never on directories.
 //!
 //! `security.capability` (file capabilities) goes with any write, whoever writes. The
@@ -46,23 +47,71 @@ pub enum KillPrivs {
     /// Leave them.
     #[default]
     No,
-    /// Clear them (chown).
+    /// Clear them as chown does.
     Yes,
-    /// Clear them unless the process `pid` has `CAP_FSETID` (truncate).
+    /// A write, truncate or fallocate by process `pid`: clear them unless it has
+    /// `CAP_FSETID`, setgid without group-execute too if it is not in the file's group.
     UnlessCallerHasFsetid(u32),
+    /// The same, for a caller the kernel found lacking `CAP_FSETID` (a write that
+    /// carries FUSE_WRITE_KILL_SUIDGID).
+    CallerLacksFsetid(u32),
+    /// The kernel asked for it (a SETATTR that sets nothing: its file_remove_privs,
+    /// or chown(f, -1, -1)): setuid, setgid with group-execute, and setgid without
+    /// it if process `pid` is neither in the file's group nor has `CAP_FSETID`.
+    KernelAsked(u32),
 }
 
 impl KillPrivs {
-    /// Resolves this for a file whose permission bits are `perm`; looks at the
-    /// caller only when there is something to clear.
-    pub fn applies_to(self, perm: u16) -> bool {
-        has_privs(perm)
-            && match self {
-                KillPrivs::No => false,
-                KillPrivs::Yes => true,
-                KillPrivs::UnlessCallerHasFsetid(pid) => !caller_has_fsetid(pid),
+    /// The permission bits of a file with `perm`, owned by group `gid`, after this;
+    /// looks at the caller only when there is something to clear.
+    pub fn perm_after(self, perm: u16, gid: u32) -> u16 {
+        if perm & (S_ISUID | S_ISGID) == 0 {
+            return perm;
+        }
+        let clear = |pid: u32, capable: &dyn Fn() -> bool| {
+            let mut p = without_privs(perm);
+            if p & S_ISGID != 0 && !caller_in_group(pid, gid) && !capable() {
+                p &= !S_ISGID;
             }
+            p
+        };
+        match self {
+            KillPrivs::No => perm,
+            KillPrivs::Yes => without_privs(perm),
+            KillPrivs::UnlessCallerHasFsetid(pid) if caller_has_fsetid(pid) => perm,
+            KillPrivs::UnlessCallerHasFsetid(pid) | KillPrivs::CallerLacksFsetid(pid) => {
+                clear(pid, &|| false)
+            }
+            KillPrivs::KernelAsked(pid) => clear(pid, &|| caller_has_fsetid(pid)),
+        }
     }
+}
+
+/// Whether process `pid` is in group `gid` (its filesystem gid or a supplementary
+/// group), as `in_group_p` asks. Unknown counts as "no" (then setgid is cleared).
+fn caller_in_group(pid: u32, gid: u32) -> bool {
+    pid != 0
+        && std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("status"))
+            .ok()
+            .is_some_and(|s| groups_in_status(&s).contains(&gid))
+}
+
+/// The filesystem gid and the supplementary groups of a `/proc/PID/status` text.
+fn groups_in_status(status: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for line in status.lines() {
+        if let Some(ids) = line.strip_prefix("Gid:") {
+            // real, effective, saved, filesystem
+            out.extend(
+                ids.split_whitespace()
+                    .nth(3)
+                    .and_then(|g| g.parse::<u32>().ok()),
+            );
+        } else if let Some(ids) = line.strip_prefix("Groups:") {
+            out.extend(ids.split_whitespace().filter_map(|g| g.parse::<u32>().ok()));
+        }
+    }
+    out
 }
 
 /// Whether process (or thread) `pid` holds `CAP_FSETID` in fsd's user namespace.
@@ -116,13 +165,34 @@ mod tests {
     }
 
     #[test]
-    fn kill_privs_resolves_without_asking_when_nothing_is_set() {
-        assert!(KillPrivs::Yes.applies_to(0o4644));
-        assert!(!KillPrivs::Yes.applies_to(0o0755));
-        assert!(!KillPrivs::No.applies_to(0o6777));
-        // pid 0 is a caller fsd cannot see: treated as unprivileged.
-        assert!(KillPrivs::UnlessCallerHasFsetid(0).applies_to(0o4755));
-        assert!(!KillPrivs::UnlessCallerHasFsetid(0).applies_to(0o0755));
+    fn kill_privs_resolves_per_change_and_caller() {
+        assert_eq!(KillPrivs::Yes.perm_after(0o4644, 0), 0o0644);
+        assert_eq!(
+            KillPrivs::Yes.perm_after(0o2745, 0),
+            0o2745,
+            "chown keeps it"
+        );
+        assert_eq!(KillPrivs::No.perm_after(0o6777, 0), 0o6777);
+        // pid 0 is a caller fsd cannot see: unprivileged and in no group, so even
+        // setgid without group-execute goes.
+        let unseen = KillPrivs::UnlessCallerHasFsetid(0);
+        assert_eq!(unseen.perm_after(0o4755, 0), 0o0755);
+        assert_eq!(unseen.perm_after(0o2745, 0), 0o0745);
+        assert_eq!(unseen.perm_after(0o0755, 0), 0o0755);
+        // This test process is in its own filesystem group: setgid without
+        // group-execute stays for it, as for a group member on tmpfs.
+        let me = std::process::id();
+        let my_gid = groups_in_status(&std::fs::read_to_string("/proc/self/status").unwrap())[0];
+        let member = KillPrivs::CallerLacksFsetid(me);
+        assert_eq!(member.perm_after(0o6745, my_gid), 0o2745);
+        assert_eq!(member.perm_after(0o6755, my_gid), 0o0755);
+    }
+
+    #[test]
+    fn groups_are_the_filesystem_gid_and_the_supplementary_ones() {
+        let status = "Uid:\t1\t1\t1\t1\nGid:\t10\t11\t12\t13\nGroups:\t20 21 \n";
+        assert_eq!(groups_in_status(status), vec![13, 20, 21]);
+        assert_eq!(groups_in_status("Gid:\t5\t5\t5\t5\nGroups:\t\n"), vec![5]);
     }
 
     #[test]

@@ -1,6 +1,8 @@
-//! setuid and setgid through a real mount, cleared as a local Linux filesystem clears
-//! them: by a write, truncate or fallocate from a user without `CAP_FSETID`, and by
-//! any chown; setuid always, setgid only with group-execute; never on directories.
+//! setuid and setgid through a real mount, cleared as tmpfs clears them on this
+//! kernel: by a write, truncate, fallocate (every mode) or copy_file_range from a
+//! user without `CAP_FSETID` (setuid always, setgid with group-execute or when the
+//! user is not in the file's group), and by any chown (setuid always, setgid with
+//! group-execute); never on directories. Each change is compared with tmpfs.
 //! File capabilities (`security.capability`) go with any write.
 //! fsd does the clearing itself (`FUSE_HANDLE_KILLPRIV_V2`), which lets the kernel
 //! stop asking for `security.capability` before every write: the last test counts
@@ -56,19 +58,24 @@ fn file_with_mode(path: &Path, perm: u32) {
     assert_eq!(mode(path), perm, "mode after chmod {perm:o}");
 }
 
-/// Runs `sh -c script` in `dir`, as nobody when `unprivileged`, else as root.
-fn sh(dir: &Path, unprivileged: bool, script: &str) {
+/// Runs `sh -c script` in `dir`, as nobody (in no other group) when `unprivileged`,
+/// else as root; whether it succeeded.
+fn try_sh(dir: &Path, unprivileged: bool, script: &str) -> bool {
     let mut cmd = Command::new("sh");
     cmd.arg("-c").arg(script).current_dir(dir);
     if unprivileged {
+        // (std drops root's supplementary groups when it sets the uid.)
         cmd.uid(NOBODY).gid(NOBODY);
     }
-    let out = cmd.output().expect("run sh");
+    cmd.output().expect("run sh").status.success()
+}
+
+/// As [`try_sh`], failing the test if the script fails.
+fn sh(dir: &Path, unprivileged: bool, script: &str) {
     assert!(
-        out.status.success(),
-        "`{script}` (as {}) failed: {}",
+        try_sh(dir, unprivileged, script),
+        "`{script}` (as {}) failed",
         if unprivileged { "nobody" } else { "root" },
-        String::from_utf8_lossy(&out.stderr)
     );
 }
 
@@ -82,30 +89,90 @@ fn on_a_direct_io_mount_too() {
     unprivileged_changes_clear_setuid_and_setgid(&["--direct-io"]);
 }
 
+/// Every way of changing a file's data or size, as shell commands on `f` (with a
+/// readable `src` beside it for copy_file_range).
+const CHANGES: &[(&str, &str)] = &[
+    ("write", "printf x >> f"),
+    ("truncate", "truncate -s 1 f"),
+    ("fallocate", "fallocate -l 64K f"),
+    ("fallocate KEEP_SIZE", "fallocate -n -l 128K f"),
+    ("fallocate PUNCH_HOLE", "fallocate -p -o 0 -l 4096 f"),
+    ("fallocate ZERO_RANGE", "fallocate -z -o 0 -l 4096 f"),
+    (
+        "fallocate ZERO_RANGE|KEEP_SIZE",
+        "fallocate -z -n -o 0 -l 4096 f",
+    ),
+    (
+        "copy_file_range",
+        "python3 -c \"import os; os.copy_file_range(os.open('src', os.O_RDONLY), \
+         os.open('f', os.O_WRONLY), 5)\"",
+    ),
+];
+
+/// Modes a user other than the owner can write to, with setuid and setgid in their
+/// combinations (setgid with and without group-execute).
+const MODES: &[u32] = &[0o6777, 0o6767, 0o2666, 0o2676, 0o4666, 0o0777];
+
+/// The mode each change leaves on a file of each mode, done by nobody (not in the
+/// file's group) or by root, in `dir`; `None` where the change itself fails there.
+fn modes_after(dir: &Path, unprivileged: bool) -> Vec<(&'static str, u32, Option<u32>)> {
+    write_small(&dir.join("src"), b"12345");
+    let mut out = Vec::new();
+    for &(what, script) in CHANGES {
+        for &m in MODES {
+            let f = dir.join("f");
+            file_with_mode(&f, m);
+            let done = try_sh(dir, unprivileged, script);
+            out.push((what, m, done.then(|| mode(&f))));
+            fs::remove_file(&f).expect("unlink");
+        }
+    }
+    out
+}
+
 fn unprivileged_changes_clear_setuid_and_setgid(fsd_args: &[&str]) {
+    let tmpfs = rmemfs_tests::TmpfsMount::start("16M");
     let (fsd, _memnode) = mount(fsd_args);
     let dir = fsd.path();
-    for (what, script) in [
-        ("write", "printf x >> f"),
-        ("truncate", "truncate -s 1 f"),
-        ("fallocate", "fallocate -l 64K f"),
-    ] {
-        let f = dir.join("f");
-        file_with_mode(&f, 0o6777);
-        sh(dir, true, script);
-        assert_eq!(mode(&f), 0o0777, "after an unprivileged {what}");
-
-        // setgid without group-execute marks mandatory locking, not a privilege.
-        file_with_mode(&f, 0o6767);
-        sh(dir, true, script);
-        assert_eq!(mode(&f), 0o2767, "after an unprivileged {what}");
-
-        // Root has CAP_FSETID: its changes keep both.
-        file_with_mode(&f, 0o6777);
-        sh(dir, false, script);
-        assert_eq!(mode(&f), 0o6777, "after a {what} by root");
-        fs::remove_file(&f).expect("unlink");
+    for unprivileged in [true, false] {
+        let who = if unprivileged { "nobody" } else { "root" };
+        let expected = modes_after(tmpfs.path(), unprivileged);
+        let found = modes_after(dir, unprivileged);
+        for ((what, m, want), (_, _, got)) in expected.iter().zip(&found) {
+            let got = got.unwrap_or_else(|| panic!("{what} by {who} failed on rmemfs"));
+            match want {
+                Some(want) => assert_eq!(
+                    format!("{got:o}"),
+                    format!("{want:o}"),
+                    "mode {m:o} after a {what} by {who}: rmemfs against tmpfs"
+                ),
+                // tmpfs has no ZERO_RANGE: rmemfs must do what a hole punch does.
+                None => {
+                    let punch = expected
+                        .iter()
+                        .find(|(w, pm, _)| *w == "fallocate PUNCH_HOLE" && pm == m)
+                        .and_then(|e| e.2)
+                        .expect("tmpfs punches holes");
+                    assert_eq!(
+                        format!("{got:o}"),
+                        format!("{punch:o}"),
+                        "mode {m:o} after a {what} by {who}, as after a hole punch on tmpfs"
+                    );
+                }
+            }
+        }
     }
+    // The rules, spelled out once: nobody is not in the files' group (root's).
+    let by_nobody = modes_after(dir, true);
+    let after = |what: &str, m: u32| {
+        by_nobody
+            .iter()
+            .find(|(w, pm, _)| *w == what && *pm == m)
+            .and_then(|e| e.2)
+    };
+    assert_eq!(after("write", 0o6777), Some(0o0777));
+    assert_eq!(after("fallocate", 0o2666), Some(0o0666));
+    assert_eq!(after("copy_file_range", 0o6767), Some(0o0767));
     let f = dir.join("f");
     file_with_mode(&f, 0o6777);
     sh(dir, true, "printf abc >> f");

@@ -419,21 +419,23 @@ fn chown_and_unprivileged_writes_clear_setuid_and_group_executable_setgid() {
         "KillPrivs::No keeps them"
     );
 
-    r.fs.kill_privs(f).unwrap();
-    assert_eq!(
-        perm(f),
-        0o0755,
-        "what a write by a caller without CAP_FSETID does"
-    );
+    // What a write by a caller without CAP_FSETID does; this test process is in
+    // the files' group (its own, as they were created with ME's).
+    let writer = KillPrivs::CallerLacksFsetid(std::process::id());
+    r.fs.kill_privs(f, writer).unwrap();
+    assert_eq!(perm(f), 0o0755);
 
-    // setgid without group-execute means mandatory locking: it stays.
+    // setgid without group-execute stays for a member of the file's group, and
+    // goes for anyone else (pid 0: a caller fsd cannot see, in no group).
     let g = r.fs.create(ROOT_INO, "g".as_ref(), 0o6767, ME).unwrap().ino;
-    r.fs.kill_privs(g).unwrap();
+    r.fs.kill_privs(g, writer).unwrap();
     assert_eq!(perm(g), 0o2767);
+    r.fs.kill_privs(g, KillPrivs::CallerLacksFsetid(0)).unwrap();
+    assert_eq!(perm(g), 0o0767);
 
     let d = r.fs.mkdir(ROOT_INO, "d".as_ref(), 0o6777, ME).unwrap().ino;
     assert_eq!(set(d, chown), 0o6777, "directories keep them");
-    assert_eq!(r.fs.kill_privs(d), Err(FsError::IsDir));
+    assert_eq!(r.fs.kill_privs(d, writer), Err(FsError::IsDir));
 }
 
 /// A file of `blocks` blocks of pattern `seed`, written back and out of the cache

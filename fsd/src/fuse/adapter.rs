@@ -155,7 +155,7 @@ impl FuseOps for FuseAdapter {
         } else if c.size.is_some() {
             KillPrivs::UnlessCallerHasFsetid(req.pid)
         } else if c.mode.is_none() && c.atime.is_none() && c.mtime.is_none() {
-            KillPrivs::Yes
+            KillPrivs::KernelAsked(req.pid)
         } else {
             KillPrivs::No
         };
@@ -274,7 +274,7 @@ impl FuseOps for FuseAdapter {
 
     fn write(
         &self,
-        _req: &Req,
+        req: &Req,
         ino: u64,
         _fh: u64,
         offset: u64,
@@ -283,7 +283,10 @@ impl FuseOps for FuseAdapter {
     ) -> Result<u32, Errno> {
         // The kernel has checked the writer's CAP_FSETID (FUSE_HANDLE_KILLPRIV_V2).
         if kill_suidgid {
-            mapped(self.fs.kill_privs(ino))?;
+            mapped(
+                self.fs
+                    .kill_privs(ino, KillPrivs::CallerLacksFsetid(req.pid)),
+            )?;
         }
         mapped(self.fs.write(ino, offset, data))
     }
@@ -388,7 +391,7 @@ impl FuseOps for FuseAdapter {
 
     fn fallocate(
         &self,
-        _req: &Req,
+        req: &Req,
         ino: u64,
         _fh: u64,
         offset: u64,
@@ -396,6 +399,11 @@ impl FuseOps for FuseAdapter {
         mode: i32,
     ) -> Result<(), Errno> {
         let how = allocate_mode(mode)?;
+        // Like a write, whatever the mode (the kernel asks only for some of them).
+        mapped(
+            self.fs
+                .kill_privs(ino, KillPrivs::UnlessCallerHasFsetid(req.pid)),
+        )?;
         mapped(self.fs.fallocate(ino, offset, length, how))
     }
 
