@@ -50,9 +50,19 @@ impl Dir {
     fn insert(&mut self, name: OsString, ino: Ino) -> u64 {
         let cookie = self.next_cookie;
         self.next_cookie += 1;
+        self.insert_at(cookie, name, ino);
+        cookie
+    }
+
+    /// Adds an entry with cookie `cookie` (one this directory gave out and no
+    /// longer uses).
+    fn insert_at(&mut self, cookie: u64, name: OsString, ino: Ino) {
         self.by_cookie.insert(cookie, name.clone());
         self.entries.insert(name, (ino, cookie));
-        cookie
+    }
+
+    fn cookie_of(&self, name: &OsStr) -> Option<u64> {
+        self.entries.get(name).map(|&(_, c)| c)
     }
 
     fn remove(&mut self, name: &OsStr) -> Option<Ino> {
@@ -394,6 +404,9 @@ impl Namespace {
             return Ok(None);
         }
         let mut replaced = None;
+        // A name that is replaced keeps its place in the directory: a listing under
+        // way neither misses it nor returns it twice.
+        let mut reused_cookie = None;
         if let Some(dst) = dst {
             if mode.no_replace {
                 return Err(FsError::Exists);
@@ -409,6 +422,7 @@ impl Namespace {
             }
             let dst_inode = self.get(dst)?;
             if let Some(d) = tree.get_mut(&new_parent) {
+                reused_cookie = d.cookie_of(new_name);
                 d.remove(new_name);
             }
             {
@@ -434,7 +448,13 @@ impl Namespace {
         }
         let cookie = tree
             .get_mut(&new_parent)
-            .map_or(0, |d| d.insert(new_name.to_os_string(), src));
+            .map_or(0, |d| match reused_cookie {
+                Some(c) => {
+                    d.insert_at(c, new_name.to_os_string(), src);
+                    c
+                }
+                None => d.insert(new_name.to_os_string(), src),
+            });
         if src_is_dir {
             if let Some(d) = tree.get_mut(&src) {
                 d.parent = new_parent;

@@ -203,6 +203,48 @@ fn listing_continues_correctly_while_entries_are_removed() {
 }
 
 #[test]
+fn a_name_replaced_by_rename_keeps_its_place_in_a_listing_under_way() {
+    let ns = ns();
+    for i in 0..50 {
+        ns.create(ROOT_INO, format!("f{i:02}").as_ref(), new(FileKind::File))
+            .unwrap();
+    }
+    // Read in pages of 10; after each page, replace a name already listed (as a
+    // program saving a file through a temporary name does) and one not yet listed.
+    let mut offset = 0;
+    let mut seen: Vec<String> = Vec::new();
+    let mut round = 0;
+    loop {
+        let page = ns.readdir(ROOT_INO, offset, 10).unwrap();
+        if page.is_empty() {
+            break;
+        }
+        seen.extend(page.iter().map(|e| e.name.to_string_lossy().into_owned()));
+        offset = page.last().unwrap().offset;
+        for target in [round * 9, 49 - round] {
+            let tmp = format!("tmp{round}-{target}");
+            ns.create(ROOT_INO, tmp.as_ref(), new(FileKind::File))
+                .unwrap();
+            let m = RenameMode::default();
+            ns.rename(
+                ROOT_INO,
+                tmp.as_ref(),
+                ROOT_INO,
+                format!("f{target:02}").as_ref(),
+                m,
+            )
+            .unwrap();
+        }
+        round += 1;
+    }
+    let mut want: Vec<String> = vec![".".into(), "..".into()];
+    want.extend((0..50).map(|i| format!("f{i:02}")));
+    seen.sort();
+    want.sort();
+    assert_eq!(seen, want, "every name listed exactly once");
+}
+
+#[test]
 fn forget_drops_an_unlinked_inode_only_when_unreferenced() {
     let ns = ns();
     let f = ns
