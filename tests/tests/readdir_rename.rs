@@ -47,7 +47,7 @@ fn walk_while_renaming(dir: &Path) -> Outcome {
                 let target = (k * 7919) % FILES;
                 std::fs::rename(&tmp, dir.join(name(target))).expect("rename over");
                 // And move another file between two names.
-                let (from, to) = if k % 2 == 0 {
+                let (from, to) = if k.is_multiple_of(2) {
                     ("moving-a", "moving-b")
                 } else {
                     ("moving-b", "moving-a")
@@ -64,7 +64,7 @@ fn walk_while_renaming(dir: &Path) -> Outcome {
                 *seen
                     .entry(e.file_name().to_string_lossy().into_owned())
                     .or_default() += 1;
-                if n % 500 == 0 {
+                if n.is_multiple_of(500) {
                     std::thread::sleep(Duration::from_millis(2));
                 }
             }
