@@ -359,6 +359,10 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         let fs = fs.clone();
         move || fs.shutdown()
     };
+    // How /proc/self/mountinfo names the mount point (resolved before mounting:
+    // afterwards resolving it would ask the mount, which does not serve yet).
+    let mountinfo_path =
+        std::fs::canonicalize(&opts.mountpoint).unwrap_or_else(|_| opts.mountpoint.clone());
     let mounted = Mounted::new(
         Arc::new(FuseAdapter::new(
             fs.clone(),
@@ -424,14 +428,19 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         })
         .collect();
 
-    // Counting copies and re-replicating, once a second.
+    // Counting copies and re-replicating, and taking the mount's atime options, once a
+    // second.
     let maintainer = {
         let fs = fs.clone();
         let stop = stop.clone();
         let budget = (opts.rereplication_rate / opts.block_size).max(1) as usize;
+        let mountpoint = mountinfo_path.clone();
+        fs.atime_policy().refresh(&mountpoint);
         std::thread::spawn(move || {
             while !stop.wait(MAINTAIN_INTERVAL) {
                 fs.maintain(budget);
+                // `mount -o remount,noatime` and the like reach fsd this way.
+                fs.atime_policy().refresh(&mountpoint);
             }
         })
     };

@@ -13,6 +13,7 @@
 //!   write-back of it in flight, then given back: no stale page can ever write into a
 //!   block that has been reused.
 
+use crate::atime::AtimePolicy;
 use crate::cache::{Fill, PageCache};
 use crate::error::{FsError, FsResult};
 use crate::inode::{Attr, BlockEntry, FileKind, Ino, Inode};
@@ -102,6 +103,7 @@ pub struct RmemFs {
     redundancy: std::sync::Mutex<Redundancy>,
     /// The durable volume the metadata is kept in (`None`: scratch, kept nowhere).
     volume: Option<Arc<Volume>>,
+    atime: AtimePolicy,
 }
 
 /// How far from where the last write to a file ended a large write may start and
@@ -171,6 +173,7 @@ impl RmemFs {
             prefetch: Default::default(),
             redundancy: Default::default(),
             volume,
+            atime: AtimePolicy::default(),
         }
     }
 
@@ -387,7 +390,32 @@ impl RmemFs {
     }
 
     pub fn readdir(&self, ino: Ino, offset: u64, max: usize) -> FsResult<Vec<DirEntry>> {
-        self.ns.readdir(ino, offset, max)
+        let entries = self.ns.readdir(ino, offset, max)?;
+        if let Ok(dir) = self.ns.get(ino) {
+            self.accessed(&dir);
+        }
+        Ok(entries)
+    }
+
+    /// The atime rules of the mount (see `atime.rs`).
+    pub fn atime_policy(&self) -> &AtimePolicy {
+        &self.atime
+    }
+
+    /// Updates `inode`'s atime for an access now, if the mount's rules say so.
+    fn accessed(&self, inode: &Inode) {
+        let now = SystemTime::now();
+        let mut m = inode.meta();
+        let a = &m.attr;
+        let is_dir = a.kind == FileKind::Dir;
+        if self
+            .atime
+            .needs_update(is_dir, a.atime, a.mtime, a.ctime, now)
+        {
+            m.attr.atime = now;
+            drop(m);
+            self.changed(inode);
+        }
     }
 
     pub fn open(&self, ino: Ino) -> FsResult<Attr> {
@@ -529,6 +557,7 @@ impl RmemFs {
         let len = dst.len();
         let inode = self.file_inode(ino)?;
         let _io = inode.io_shared();
+        self.accessed(&inode);
         let size = inode.meta().attr.size;
         if offset >= size || len == 0 {
             FileCounters::count(&self.counters.reads, &self.counters.read_bytes, 0);

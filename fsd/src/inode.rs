@@ -37,7 +37,7 @@ pub struct Attr {
     pub ino: Ino,
     pub kind: FileKind,
     pub size: u64,
-    /// Bytes of remote memory held (allocated blocks × block size).
+    /// Bytes of remote memory held: the pages of its blocks, one copy each.
     pub allocated: u64,
     /// Permission bits, including setuid, setgid and sticky (mode & 0o7777).
     pub perm: u16,

@@ -12,6 +12,7 @@
 //! - [`volume`]: durable volumes: the metadata kept in remote memory.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod atime;
 pub mod cache;
 pub mod daemon;
 pub mod error;
