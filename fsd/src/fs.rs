@@ -78,9 +78,6 @@ pub struct FileCounters {
     /// getxattr calls answered: with `S_NOSEC` inodes the kernel no longer asks for
     /// `security.capability` before each write (see `privs.rs`).
     pub xattr_reads: AtomicU64,
-    /// copy_file_range requests fsd served, and the bytes they copied.
-    pub copies: AtomicU64,
-    pub copy_bytes: AtomicU64,
 }
 
 impl FileCounters {
@@ -843,7 +840,6 @@ impl RmemFs {
 }
 
 mod backing;
-pub mod copy;
 mod fit;
 mod prefetch;
 mod repair;

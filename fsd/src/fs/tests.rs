@@ -603,30 +603,3 @@ fn a_sequential_writer_has_its_finished_blocks_written_behind_it() {
 }
 
 mod volume;
-
-#[test]
-fn copy_range_copies_between_files_up_to_the_end_of_the_source() {
-    let r = rig(64 << 20, 8 * BS, 1 << 20);
-    let src = new_file(&r.fs, "src");
-    let data = pattern(3 << 20, 31);
-    r.fs.write(src, 0, &data).unwrap();
-    let dst = new_file(&r.fs, "dst");
-    r.fs.write(dst, 0, b"head").unwrap();
-    // From an unaligned offset, past the source's end: stops there.
-    let n = r.fs.copy_range(src, 1001, dst, 4, 10 << 20).unwrap();
-    assert_eq!(n, (3 << 20) - 1001);
-    let mut want = b"head".to_vec();
-    want.extend_from_slice(&data[1001..]);
-    let got = r.fs.read(dst, 0, want.len() as u32 + 10).unwrap();
-    assert!(got == want, "the copy reads back exactly");
-    // At most COPY_MAX per call; nothing past the end.
-    let big = new_file(&r.fs, "big");
-    r.fs.write(big, 0, &vec![7u8; (copy::COPY_MAX + BS) as usize])
-        .unwrap();
-    assert_eq!(
-        r.fs.copy_range(big, 0, dst, 0, u64::MAX).unwrap(),
-        copy::COPY_MAX
-    );
-    assert_eq!(r.fs.copy_range(src, 3 << 20, dst, 0, 100).unwrap(), 0);
-    assert_eq!(r.fs.counters.copies.load(Ordering::Relaxed), 3);
-}
