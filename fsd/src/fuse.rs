@@ -33,6 +33,14 @@ pub const MAX_WRITE: u32 = 1 << 20;
 pub fn configure_kernel(config: &mut KernelConfig, cache: CacheMode) {
     let _ = config.set_max_write(MAX_WRITE);
     let _ = config.set_max_readahead(MAX_WRITE);
+    // File handles (name_to_handle_at, NFS re-export) of inodes the kernel no longer
+    // has cached: it looks them up as "." and ".." (see `Namespace::lookup`).
+    if config
+        .add_capabilities(InitFlags::FUSE_EXPORT_SUPPORT)
+        .is_err()
+    {
+        log::info!("this kernel lacks FUSE_EXPORT_SUPPORT: file handles go stale");
+    }
     if config
         .add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2)
         .is_err()

@@ -176,13 +176,32 @@ impl Namespace {
     }
 
     /// Looks `name` up in `parent` and counts a kernel reference to the result.
+    ///
+    /// The kernel never resolves "." or ".." here for a path; it asks for them to
+    /// open a file handle whose inode it no longer has cached (FUSE export support):
+    /// "." of any inode is the inode itself while it has a name (a handle to an
+    /// unlinked file is stale), ".." of a directory its parent. Inode numbers are
+    /// never reused (on a volume not even across mounts), so generation 0 names
+    /// every inode for good.
     pub fn lookup(&self, parent: Ino, name: &OsStr) -> FsResult<Arc<Inode>> {
         if name.len() > MAX_NAME {
             return Err(FsError::NameTooLong);
         }
         let tree = self.tree_read();
-        let dir = tree.get(&parent).ok_or(FsError::NotDir)?;
-        let ino = dir.get(name).ok_or(FsError::NotFound)?;
+        let ino = match name.as_encoded_bytes() {
+            b"." => {
+                let inode = self.get(parent).map_err(|_| FsError::NotFound)?;
+                if inode.meta().attr.nlink == 0 {
+                    return Err(FsError::NotFound);
+                }
+                parent
+            }
+            b".." => tree.get(&parent).ok_or(FsError::NotDir)?.parent,
+            _ => {
+                let dir = tree.get(&parent).ok_or(FsError::NotDir)?;
+                dir.get(name).ok_or(FsError::NotFound)?
+            }
+        };
         let inode = self.get(ino)?;
         inode.meta().lookups += 1;
         Ok(inode)

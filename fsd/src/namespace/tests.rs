@@ -245,6 +245,30 @@ fn a_name_replaced_by_rename_keeps_its_place_in_a_listing_under_way() {
 }
 
 #[test]
+fn dot_and_dotdot_find_an_inode_and_a_parent_for_file_handles() {
+    let ns = ns();
+    let d = ns
+        .create(ROOT_INO, "d".as_ref(), new(FileKind::Dir))
+        .unwrap();
+    let f = ns.create(d.ino, "f".as_ref(), new(FileKind::File)).unwrap();
+    let before = f.meta().lookups;
+    assert_eq!(ns.lookup(f.ino, ".".as_ref()).unwrap().ino, f.ino);
+    assert_eq!(
+        f.meta().lookups,
+        before + 1,
+        "a kernel reference, as any lookup"
+    );
+    assert_eq!(ns.lookup(d.ino, "..".as_ref()).unwrap().ino, ROOT_INO);
+    assert_eq!(ns.lookup(ROOT_INO, "..".as_ref()).unwrap().ino, ROOT_INO);
+    let err = |parent, name: &str| ns.lookup(parent, name.as_ref()).err();
+    assert_eq!(err(f.ino, ".."), Some(FsError::NotDir));
+    // Unlinked (still referenced): its handle is stale.
+    ns.unlink(d.ino, "f".as_ref()).unwrap();
+    assert_eq!(err(f.ino, "."), Some(FsError::NotFound));
+    assert_eq!(err(9999, "."), Some(FsError::NotFound));
+}
+
+#[test]
 fn forget_drops_an_unlinked_inode_only_when_unreferenced() {
     let ns = ns();
     let f = ns

@@ -22,11 +22,32 @@ fn memnode() -> memnode::Memnode {
     .expect("memnode starts")
 }
 
+/// Opens the volume. A "crash" here is dropping the last store: its connections
+/// close at once, but the memnode notices on its own threads, so on a loaded machine
+/// the next open may still find the volume held for a moment; it tries again for up
+/// to 10 s, as a restarted fsd's operator would.
 fn store(node: &memnode::Memnode, create: bool) -> Arc<RemoteStore> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match try_store(node, create) {
+            Err(crate::remote::RemoteError::Control { error, .. })
+                if error.is_busy() && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            r => return Arc::new(r.expect("connects and opens the volume")),
+        }
+    }
+}
+
+fn try_store(
+    node: &memnode::Memnode,
+    create: bool,
+) -> Result<RemoteStore, crate::remote::RemoteError> {
     let connect: Arc<Connector> = Arc::new(|peer: &str, _client: u64| {
         Ok(Box::new(TcpEndpoint::connect(peer, Duration::from_secs(2))?) as Box<dyn Endpoint>)
     });
-    let remote = RemoteStore::connect(
+    RemoteStore::connect(
         &[node.local_addr().to_string()],
         &RemoteConfig {
             block_size: BS,
@@ -44,8 +65,6 @@ fn store(node: &memnode::Memnode, create: bool) -> Arc<RemoteStore> {
         },
         connect,
     )
-    .expect("connects and opens the volume");
-    Arc::new(remote)
 }
 
 fn mount(node: &memnode::Memnode) -> RmemFs {
