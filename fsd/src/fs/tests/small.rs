@@ -133,15 +133,23 @@ fn growth_into_full_memory_fails_with_enospc_and_keeps_what_was_written() {
     let small = new_file(&r.fs, "small");
     r.fs.write(small, 0, b"keep me").unwrap();
     write_back_and_drop(&r.fs, small);
-    // Fill remote memory, a page at a time at the end, so no page is left over.
-    let filler = new_file(&r.fs, "filler");
-    let mut at = 0;
-    loop {
-        match r.fs.write(filler, at, &[7u8; PAGE as usize]) {
-            Ok(_) => at += PAGE,
-            Err(FsError::NoSpace) => break,
+    // Fill remote memory with one-page files, so no free page is left anywhere
+    // (a growing file would leave gaps smaller than its next size). A refused page
+    // is tried again after a pause, for a chunk the refill thread was still
+    // bringing in.
+    let mut n = 0;
+    let mut refused = 0;
+    while refused < 3 {
+        let f = new_file(&r.fs, &format!("page{n}"));
+        match r.fs.write(f, 0, &[7u8; PAGE as usize]) {
+            Ok(_) => refused = 0,
+            Err(FsError::NoSpace) => {
+                refused += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
             Err(e) => panic!("filling: {e}"),
         }
+        n += 1;
     }
     assert_eq!(
         r.fs.write(small, 7, &[1u8; 8000]).unwrap_err(),
