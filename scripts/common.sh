@@ -38,7 +38,7 @@ apt_install() {
 install_system_packages() {
     apt_install fuse3 pkg-config build-essential ca-certificates curl \
         libibverbs-dev librdmacm-dev libclang-dev clang \
-        git sqlite3 tar fio
+        git sqlite3 tar fio acl
 }
 
 # What the Soft-RoCE VM stage (scripts/softroce) needs on the host: qemu, the guest's

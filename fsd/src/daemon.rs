@@ -308,12 +308,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     )
     .context("connecting to memnodes")?;
     // SAFETY: geteuid/getegid have no preconditions and cannot fail.
-    let owner = unsafe {
-        Caller {
-            uid: libc::geteuid(),
-            gid: libc::getegid(),
-        }
-    };
+    let owner = unsafe { Caller::with_ids(libc::geteuid(), libc::getegid()) };
     let remote = Arc::new(remote);
     let fs = match &opts.volume {
         None => {

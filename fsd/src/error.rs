@@ -26,6 +26,8 @@ pub enum FsError {
     TooManyLinks,
     #[error("operation not permitted")]
     NotPermitted,
+    #[error("permission denied")]
+    AccessDenied,
     #[error("no such attribute")]
     NoAttribute,
     #[error("attribute buffer too small")]

@@ -72,6 +72,20 @@ pub fn configure_kernel(config: &mut KernelConfig, cache: CacheMode) {
     }
 }
 
+/// Asks the kernel to enforce POSIX ACLs, which fsd keeps as xattrs (`acl.rs`), and
+/// to leave the umask to fsd, since a directory's default ACL replaces it
+/// (`FUSE_DONT_MASK`); whether the kernel offers both.
+pub fn enable_posix_acl(config: &mut KernelConfig) -> bool {
+    let asked = InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK;
+    match config.add_capabilities(asked) {
+        Ok(()) => true,
+        Err(missing) => {
+            log::warn!("this kernel lacks {missing:?}: no POSIX ACLs on this mount");
+            false
+        }
+    }
+}
+
 /// The one errno table.
 pub fn errno(e: &FsError) -> Errno {
     match e {
@@ -85,6 +99,7 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::TooLarge => Errno::EFBIG,
         FsError::TooManyLinks => Errno::EMLINK,
         FsError::NotPermitted => Errno::EPERM,
+        FsError::AccessDenied => Errno::EACCES,
         FsError::NoAttribute => Errno::ENODATA,
         FsError::Range => Errno::ERANGE,
         FsError::NotSupported => Errno::EOPNOTSUPP,

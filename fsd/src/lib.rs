@@ -3,6 +3,7 @@
 //! - [`fs`]: the filesystem core (operations, data path); no FUSE in it.
 //! - [`namespace`], [`inode`]: directories, inodes and their locks.
 //! - [`privs`]: clearing setuid/setgid on write, truncate and chown.
+//! - [`acl`]: POSIX ACLs: their xattr form and how they tie to the mode.
 //! - [`cache`]: the LRU page cache with write-back.
 //! - [`remote`]: memnode connections, block placement and batched block I/O.
 //! - [`fuse`]: the thin fuser adapter, the only place errno appears.
@@ -12,6 +13,7 @@
 //! - [`volume`]: durable volumes: the metadata kept in remote memory.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod acl;
 pub mod atime;
 pub mod cache;
 pub mod daemon;

@@ -95,6 +95,8 @@ pub struct NewInode {
     pub gid: u32,
     pub rdev: u32,
     pub target: Option<PathBuf>,
+    /// Extended attributes it starts with (ACLs inherited from its directory).
+    pub xattrs: BTreeMap<OsString, Vec<u8>>,
 }
 
 /// How to rename.
@@ -243,6 +245,7 @@ impl Namespace {
         {
             let mut m = inode.meta();
             m.lookups = 1;
+            m.xattrs = new.xattrs;
             if self.journal.is_some() {
                 m.dirty_blocks = Some(Default::default());
             }

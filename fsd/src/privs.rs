@@ -87,6 +87,12 @@ impl KillPrivs {
     }
 }
 
+/// Whether process `pid` may keep the setgid bit of a file of group `gid` whose
+/// mode it changes (by setting its ACL): in the group or holding `CAP_FSETID`.
+pub fn may_keep_setgid(pid: u32, gid: u32) -> bool {
+    caller_in_group(pid, gid) || caller_has_fsetid(pid)
+}
+
 /// Whether process `pid` is in group `gid` (its filesystem gid or a supplementary
 /// group), as `in_group_p` asks. Unknown counts as "no" (then setgid is cleared).
 fn caller_in_group(pid: u32, gid: u32) -> bool {

@@ -236,10 +236,69 @@ program_cargo() { # MOUNT WORK LOGS WORKSPACE
     fi
 }
 
+# getfacl of every path under DIR, relative, numeric, in name order (not readdir's):
+# the same for the same ACLs, modes and owners.
+acl_listing() { # DIR
+    (cd "$1" && find . -print0 | LC_ALL=C sort -z | xargs -0 getfacl -n -p)
+}
+
+# acl_tree DIR: files and directories with access and default ACLs, named users and
+# groups, masks narrower than the mode.
+acl_tree() {
+    mkdir -p "$1/shared/sub" "$1/private"
+    echo data >"$1/shared/a"
+    echo more >"$1/private/b"
+    setfacl -m u:65534:rw,g:65534:r "$1/shared/a"
+    setfacl -m u:65534:rx,m::r "$1/private"
+    setfacl -d -m u:65534:rwx,g::rx,o::- "$1/shared"
+    touch "$1/shared/sub/inherited-by-creation"
+}
+
+acl_run() ( # MOUNT WORK
+    local mnt=$1 work=$2
+    step local-tree acl_tree "$work/acl-src"
+    step listing eval 'acl_listing "$work/acl-src" >"$work/acl-want"'
+    step archive tar --acls --numeric-owner -C "$work/acl-src" -cf "$work/acl.tar" .
+    step mkdir mkdir "$mnt/acl-tar"
+    # tar only warns when it cannot set an ACL: any word from it is a failure.
+    step extract eval 'tar --acls --numeric-owner -p -C "$mnt/acl-tar" -xf "$work/acl.tar" 2>&1 | tee "$work/acl-tar.err"; [ ! -s "$work/acl-tar.err" ]'
+    step drop drop_caches
+    step tar-listing eval 'acl_listing "$mnt/acl-tar" >"$work/acl-got-tar"'
+    step tar-same diff "$work/acl-want" "$work/acl-got-tar"
+    step copy cp -a "$work/acl-src" "$mnt/acl-cp"
+    step cp-listing eval 'acl_listing "$mnt/acl-cp" >"$work/acl-got-cp"'
+    step cp-same diff "$work/acl-want" "$work/acl-got-cp"
+    # Created on the mount under the default ACL, then compared with the same on disk.
+    step create-local eval 'umask 077; touch "$work/acl-src/shared/new"; mkdir "$work/acl-src/shared/newdir"'
+    step create-mount eval 'umask 077; touch "$mnt/acl-cp/shared/new"; mkdir "$mnt/acl-cp/shared/newdir"'
+    step inherited diff <(acl_listing "$work/acl-src") <(acl_listing "$mnt/acl-cp")
+)
+
+program_acl() { # MOUNT WORK LOGS
+    local mnt=$1 work=$2 log=$3/programs-acl.log rc=0
+    local times=$work/times-acl
+    : >"$times"
+    # The same tree on the local disk is the reference: it must take ACLs too.
+    mkdir -p "$work/acl-probe"
+    if ! setfacl -m u:65534:r "$work/acl-probe" 2>"$log"; then
+        program_result acl FAILED "the local disk under $work takes no ACLs to compare with; log $log"
+        return
+    fi
+    acl_run "$mnt" "$work" >>"$log" 2>&1 || rc=$?
+    if [ "$rc" -eq 0 ]; then
+        program_result acl ok "tar --acls and cp -a onto the mount keep every ACL, new files inherit default ACLs as on local disk"
+    else
+        program_result acl FAILED "log $log"
+    fi
+    rm -rf "$work/acl-src" "$work/acl-probe" "$work/acl.tar" "$work"/acl-want "$work"/acl-got-* "$work/acl-tar.err"
+}
+
 programs_stage() { # MOUNT WORK LOGS TREE REPO
     local mnt=$1 work=$2 logs=$3 tree=$4 repo=$5
     log "programs: tar (a copy of $tree)"
     program_tar "$mnt" "$work" "$logs" "$tree"
+    log "programs: acl (tar --acls, cp -a, default ACLs)"
+    program_acl "$mnt" "$work" "$logs"
     log "programs: git"
     program_git "$mnt" "$work" "$logs" "$repo"
     log "programs: sqlite"

@@ -10,7 +10,7 @@ use rmemfs_common::fabric::{Endpoint, Transport};
 use std::time::{Duration, Instant};
 
 const BS: u64 = 4096;
-const ME: Caller = Caller { uid: 0, gid: 0 };
+const ME: Caller = Caller::with_ids(0, 0);
 const NODE_SIZE: u64 = 4 << 20;
 
 fn start_node(listen: &str) -> memnode::Memnode {

@@ -9,7 +9,7 @@ use rmemfs_common::fabric::Endpoint;
 use std::time::{Duration, Instant};
 
 const BS: u64 = 4096;
-const ME: Caller = Caller { uid: 0, gid: 0 };
+const ME: Caller = Caller::with_ids(0, 0);
 
 struct Rig {
     node: memnode::Memnode,
@@ -391,6 +391,7 @@ fn two_writers_racing_into_a_new_block_both_land_even_if_it_is_evicted_between_t
     );
 }
 
+mod acl;
 mod small;
 mod subblock;
 

@@ -2,7 +2,7 @@
 //! error with [`errno`], whichever transport carried the request.
 
 use super::ops::{xattr_answer, DirSink, FuseOps, Opened, Req, SetAttrIn, Statfs, Xattr};
-use super::{configure_kernel, errno, CacheMode};
+use super::{configure_kernel, enable_posix_acl, errno, CacheMode};
 use crate::error::FsError;
 use crate::fs::{Allocate, Caller, RmemFs, Seek, SetAttr, SetTime, SetXattrMode};
 use crate::inode::{Attr, FileKind};
@@ -45,11 +45,18 @@ fn file_attr(a: &Attr, block_size: u32) -> FileAttr {
     }
 }
 
-fn caller(req: &Req) -> Caller {
+/// The caller of `req`; `umask` is the one a creating request carries.
+fn caller_with_umask(req: &Req, umask: u32) -> Caller {
     Caller {
         uid: req.uid,
         gid: req.gid,
+        pid: req.pid,
+        umask,
     }
+}
+
+fn caller(req: &Req) -> Caller {
+    caller_with_umask(req, 0)
 }
 
 fn set_time(t: TimeOrNow) -> SetTime {
@@ -124,6 +131,9 @@ impl FuseAdapter {
 impl FuseOps for FuseAdapter {
     fn configure(&self, config: &mut KernelConfig) {
         configure_kernel(config, self.choices.cache);
+        if self.choices.xattrs && enable_posix_acl(config) {
+            self.fs.enable_posix_acl();
+        }
     }
 
     fn destroy(&self) {
@@ -192,10 +202,14 @@ impl FuseOps for FuseAdapter {
             libc::S_IFBLK => FileKind::BlockDevice,
             _ => return Err(Errno::EINVAL),
         };
-        self.attr(
-            self.fs
-                .mknod(parent, name, kind, mode & !umask, rdev, caller(req)),
-        )
+        self.attr(self.fs.mknod(
+            parent,
+            name,
+            kind,
+            mode,
+            rdev,
+            caller_with_umask(req, umask),
+        ))
     }
 
     fn mkdir(
@@ -206,7 +220,8 @@ impl FuseOps for FuseAdapter {
         mode: u32,
         umask: u32,
     ) -> Result<FileAttr, Errno> {
-        self.attr(self.fs.mkdir(parent, name, mode & !umask, caller(req)))
+        let caller = caller_with_umask(req, umask);
+        self.attr(self.fs.mkdir(parent, name, mode, caller))
     }
 
     fn unlink(&self, _req: &Req, parent: u64, name: &OsStr) -> Result<(), Errno> {
@@ -343,7 +358,7 @@ impl FuseOps for FuseAdapter {
 
     fn setxattr(
         &self,
-        _req: &Req,
+        req: &Req,
         ino: u64,
         name: &OsStr,
         value: &[u8],
@@ -358,7 +373,7 @@ impl FuseOps for FuseAdapter {
             create: flags & libc::XATTR_CREATE != 0,
             replace: flags & libc::XATTR_REPLACE != 0,
         };
-        mapped(self.fs.setxattr(ino, name, value, mode))
+        mapped(self.fs.setxattr(ino, name, value, mode, caller(req)))
     }
 
     fn getxattr(&self, _req: &Req, ino: u64, name: &OsStr, size: u32) -> Result<Xattr, Errno> {
@@ -385,7 +400,8 @@ impl FuseOps for FuseAdapter {
         umask: u32,
         _flags: i32,
     ) -> Result<(FileAttr, Opened), Errno> {
-        let a = self.attr(self.fs.create(parent, name, mode & !umask, caller(req)))?;
+        let caller = caller_with_umask(req, umask);
+        let a = self.attr(self.fs.create(parent, name, mode, caller))?;
         Ok((a, self.opened()))
     }
 

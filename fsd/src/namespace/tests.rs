@@ -12,6 +12,7 @@ fn new(kind: FileKind) -> NewInode {
         gid: 2,
         rdev: 0,
         target: None,
+        xattrs: Default::default(),
     }
 }
 

@@ -183,7 +183,7 @@ fn a_clean_shutdown_keeps_every_file_attribute_and_xattr() {
         .symlink(d, "s".as_ref(), Path::new("../f1"), ME)
         .unwrap()
         .ino;
-    fs.setxattr(d, "user.k".as_ref(), b"v", Default::default())
+    fs.setxattr(d, "user.k".as_ref(), b"v", Default::default(), ME)
         .unwrap();
     let before: Vec<Attr> = [d, s].iter().map(|&i| fs.getattr(i).unwrap()).collect();
     fs.shutdown();
