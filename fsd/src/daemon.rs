@@ -61,6 +61,10 @@ pub struct Options {
     /// with a memnode back to --replicas copies.
     #[arg(long, default_value = "256M", value_parser = size_arg)]
     pub rereplication_rate: u64,
+    /// Bytes per second of block copies the scrubber reads and checks against their
+    /// page checksums, repairing bad copies from good ones (0: no scrubbing).
+    #[arg(long, default_value = "32M", value_parser = size_arg)]
+    pub scrub_rate: u64,
     /// Local page cache size (e.g. 256M).
     #[arg(long, default_value = "256M", value_parser = size_arg)]
     pub cache: u64,
@@ -423,17 +427,21 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         })
         .collect();
 
-    // Counting copies and re-replicating, and taking the mount's atime options, once a
-    // second.
+    // Counting copies and re-replicating, scrubbing, and taking the mount's atime
+    // options, once a second.
     let maintainer = {
         let fs = fs.clone();
         let stop = stop.clone();
         let budget = (opts.rereplication_rate / opts.block_size).max(1) as usize;
+        let scrub_budget = opts.scrub_rate;
         let mountpoint = mountinfo_path.clone();
         fs.atime_policy().refresh(&mountpoint);
         std::thread::spawn(move || {
             while !stop.wait(MAINTAIN_INTERVAL) {
                 fs.maintain(budget);
+                if scrub_budget > 0 {
+                    fs.scrub(scrub_budget);
+                }
                 // `mount -o remount,noatime` and the like reach fsd this way.
                 fs.atime_policy().refresh(&mountpoint);
             }

@@ -127,6 +127,8 @@ pub struct RmemFs {
     /// Whether the kernel enforces POSIX ACLs on this mount (`acl.rs`): then fsd keeps
     /// them as xattrs and applies their rules to modes.
     posix_acl: std::sync::atomic::AtomicBool,
+    scrub_cursor: std::sync::Mutex<scrub::ScrubCursor>,
+    pub scrub_counters: scrub::ScrubCounters,
 }
 
 /// How far from where the last write to a file ended a large write may start and
@@ -198,6 +200,8 @@ impl RmemFs {
             volume,
             atime: AtimePolicy::default(),
             posix_acl: Default::default(),
+            scrub_cursor: Default::default(),
+            scrub_counters: Default::default(),
         }
     }
 
@@ -787,13 +791,7 @@ impl RmemFs {
                 .alloc_block(range.end.min((i + 1) * bs) - i * bs)
             {
                 Ok(loc) => {
-                    m.insert_block(
-                        i,
-                        BlockEntry {
-                            loc,
-                            written: false,
-                        },
-                    );
+                    m.insert_block(i, BlockEntry::unwritten(loc));
                     m.block_changed(i);
                     fresh.push(i);
                 }
@@ -881,6 +879,7 @@ mod backing;
 mod fit;
 mod prefetch;
 mod repair;
+mod scrub;
 
 pub use repair::Redundancy;
 mod space;
@@ -889,6 +888,8 @@ mod xattr;
 pub use space::{Allocate, Seek};
 pub use xattr::SetXattrMode;
 
+#[cfg(test)]
+mod checksum_tests;
 #[cfg(test)]
 mod replication_tests;
 #[cfg(test)]

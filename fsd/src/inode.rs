@@ -9,6 +9,7 @@
 //!   (io -> page -> meta).
 
 use crate::error::FsError;
+use crate::remote::sums::Sums;
 use crate::remote::BlockLoc;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
@@ -57,10 +58,26 @@ pub struct Attr {
 /// (a reused block holds whatever was there) until its page is written back. Until
 /// then `written` is false and loading the block yields zeros, never remote bytes: a
 /// reader racing the first writer must not pull stale data into the cache.
+///
+/// `sums` has the checksum of each page of the copies that fsd knows (see
+/// `remote/sums.rs`): set when the page is written back, or zeroed when the copies
+/// grow.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockEntry {
     pub loc: BlockLoc,
     pub written: bool,
+    pub sums: Sums,
+}
+
+impl BlockEntry {
+    /// A block whose copies at `loc` hold nothing yet.
+    pub fn unwritten(loc: BlockLoc) -> BlockEntry {
+        BlockEntry {
+            loc,
+            written: false,
+            sums: Sums::default(),
+        }
+    }
 }
 
 /// Everything about an inode that `meta` protects.

@@ -36,6 +36,16 @@ pub struct Snapshot {
     pub cache_capacity_pages: u64,
     pub block_size: u64,
     pub copies_restored: u64,
+    /// Copies whose bytes failed their page checksum when read.
+    pub checksum_failures: u64,
+    /// Pages of such copies rewritten from a good copy.
+    pub pages_repaired: u64,
+    /// Scrubber: passes over every block done, blocks checked in the pass under way,
+    /// bytes of copies read, and bad pages found.
+    pub scrub_passes: u64,
+    pub scrub_pass_blocks: u64,
+    pub scrub_bytes: u64,
+    pub scrub_bad_pages: u64,
     pub replicas: u64,
     /// FUSE requests answered through the io_uring transport (0 when /dev/fuse
     /// serves the mount).
@@ -76,6 +86,12 @@ impl Snapshot {
             cache_capacity_pages: fs.cache().capacity_pages() as u64,
             block_size: fs.remote().block_size(),
             copies_restored: get(&r.copies_restored),
+            checksum_failures: get(&r.checksum_failures),
+            pages_repaired: get(&r.pages_repaired),
+            scrub_passes: get(&fs.scrub_counters.passes),
+            scrub_pass_blocks: get(&fs.scrub_counters.pass_blocks),
+            scrub_bytes: get(&fs.scrub_counters.bytes),
+            scrub_bad_pages: get(&fs.scrub_counters.bad_pages),
             replicas: fs.remote().replicas() as u64,
             fuse_ring_requests: get(&crate::fuse::ring::RING_REQUESTS),
             node_up: (0..fs.remote().node_count())
@@ -123,6 +139,12 @@ impl Snapshot {
             ("blocks_degraded", rd.degraded),
             ("blocks_lost", rd.lost),
             ("rereplicated_blocks", self.copies_restored),
+            ("checksum_failures", self.checksum_failures),
+            ("pages_repaired", self.pages_repaired),
+            ("scrub_passes", self.scrub_passes),
+            ("scrub_pass_blocks", self.scrub_pass_blocks),
+            ("scrub_bytes", self.scrub_bytes),
+            ("scrub_bad_pages", self.scrub_bad_pages),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -197,7 +219,7 @@ mod tests {
         assert!(json.contains("\"remote_read_bytes\": 196608,"), "{json}");
         assert!(json.contains("\"chunk_allocs\": 1,"), "{json}");
         assert!(json.contains("\"block_size\": 65536,"), "{json}");
-        assert_eq!(json.matches(':').count(), 23 + 7 + 2 * 2);
+        assert_eq!(json.matches(':').count(), 29 + 7 + 2 * 2);
     }
 
     #[test]

@@ -46,3 +46,49 @@ pub fn flip(pid: u32, addr: u64, len: usize) -> Vec<u8> {
     write(pid, addr, &new);
     old
 }
+
+/// The page-aligned addresses in process `pid`'s writable private mappings (a
+/// memnode's region among them) whose next `needle.len()` bytes are `needle`. Parts
+/// of mappings that cannot be read are skipped.
+pub fn find_pages(pid: u32, needle: &[u8]) -> Vec<u64> {
+    const PAGE: u64 = 4096;
+    const SPAN: u64 = 1 << 20;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap_or_else(|e| panic!("reading /proc/{pid}/maps (the tests run as root): {e}"));
+    let mem = OpenOptions::new()
+        .read(true)
+        .open(format!("/proc/{pid}/mem"))
+        .unwrap_or_else(|e| panic!("opening /proc/{pid}/mem (the tests run as root): {e}"));
+    let mut found = Vec::new();
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        if !perms.starts_with("rw") {
+            continue;
+        }
+        let Some((start, end)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(start), Ok(end)) = (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16))
+        else {
+            continue;
+        };
+        let mut at = start;
+        let mut buf = vec![0u8; SPAN as usize];
+        while at < end {
+            let len = SPAN.min(end - at) as usize;
+            if mem.read_exact_at(&mut buf[..len], at).is_ok() {
+                for page in (0..len as u64).step_by(PAGE as usize) {
+                    let p = page as usize;
+                    if buf[p..].starts_with(needle) {
+                        found.push(at + page);
+                    }
+                }
+            }
+            at += SPAN;
+        }
+    }
+    found
+}

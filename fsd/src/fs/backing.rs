@@ -10,10 +10,14 @@
 //! copies it has. A copy whose write fails is dropped and the write-back tries again
 //! (with a replacement, for a whole block), so a write-back only counts as done once
 //! every copy the block has was written.
+//!
+//! Every page written back gets its checksum recorded once all its copies took it,
+//! and every page loaded is checked against it (`remote/sums.rs`).
 
 use super::RmemFs;
 use crate::cache::{Backing, PageKey};
 use crate::error::FsError;
+use crate::remote::sums;
 use crate::remote::{BlockLoc, RemoteError};
 use std::sync::atomic::Ordering;
 
@@ -77,13 +81,14 @@ impl RmemFs {
         }))
     }
 
-    /// After a write-back to `loc`: drops the copies whose write failed from block
-    /// `key` (if it still has exactly those copies), or, if none failed, records that
-    /// remote memory holds the block's content. Returns true when done.
+    /// After a write-back to `loc` that left the page sums `written`: drops the copies whose write failed from block `key` (if it still
+    /// has exactly those copies), or, if none failed, records that remote memory
+    /// holds the block's content and the pages' sums. Returns true when done.
     fn writeback_done(
         &self,
         key: PageKey,
         loc: &BlockLoc,
+        written: &sums::Written,
         outcome: &[Result<(), RemoteError>],
     ) -> bool {
         let Ok(inode) = self.ns.get(key.0) else {
@@ -109,6 +114,9 @@ impl RmemFs {
         let log_it = if failed.is_empty() {
             let first = !entry.written;
             entry.written = true;
+            entry.sums.record(written);
+            // A whole block's write carries zeros past its copies: not remote pages.
+            entry.sums.truncate(entry.loc.bytes());
             first
         } else {
             // A failed copy holds unknown bytes: it is no copy. Its block is not freed
@@ -128,12 +136,13 @@ impl RmemFs {
 impl Backing for RmemFs {
     fn load(&self, reads: &mut [(PageKey, usize, &mut [u8])]) -> Vec<Result<(), FsError>> {
         // Holes, and blocks whose content never reached remote memory, read as zeros.
-        let locs: Vec<Option<BlockLoc>> = reads
+        let locs: Vec<Option<(BlockLoc, Vec<Option<u32>>)>> = reads
             .iter()
-            .map(|((ino, idx), _, _)| {
+            .map(|((ino, idx), offset, buf)| {
                 let inode = self.ns.get(*ino).ok()?;
-                let entry = inode.meta().blocks.get(idx).cloned()?;
-                entry.written.then_some(entry.loc)
+                let m = inode.meta();
+                let entry = m.blocks.get(idx).filter(|e| e.written)?;
+                Some((entry.loc.clone(), entry.sums.expected(*offset, buf.len())))
             })
             .collect();
         let mut results: Vec<Result<(), FsError>> = reads.iter().map(|_| Ok(())).collect();
@@ -141,8 +150,8 @@ impl Backing for RmemFs {
         let mut which = Vec::new();
         for (n, ((_, offset, buf), loc)) in reads.iter_mut().zip(&locs).enumerate() {
             match loc {
-                Some(l) => {
-                    remote_reads.push((l, *offset, &mut buf[..]));
+                Some((l, expected)) => {
+                    remote_reads.push((l, *offset, &mut buf[..], &expected[..]));
                     which.push(n);
                 }
                 None => buf.fill(0),
@@ -165,6 +174,12 @@ impl Backing for RmemFs {
         // then down or refused the access, so rounds are bounded by the copies the
         // cluster can give.
         let rounds = self.remote.node_count() + 2;
+        // The sums of the pages each write carries (those past the block's copies are
+        // of zeros, which are not written but read so: see `write_copies`).
+        let written: Vec<sums::Written> = writes
+            .iter()
+            .map(|(_, offset, buf)| sums::written(*offset, buf))
+            .collect();
         for _ in 0..rounds {
             let mut targets = Vec::new();
             for &n in &pending {
@@ -182,7 +197,7 @@ impl Backing for RmemFs {
             pending.clear();
             for ((n, target), outcome) in targets.iter().zip(outcomes) {
                 let key = writes[*n].0;
-                if self.writeback_done(key, &target.loc, &outcome) {
+                if self.writeback_done(key, &target.loc, &written[*n], &outcome) {
                     results[*n] = Ok(());
                     let restored = target.restored as u64;
                     self.remote

@@ -20,7 +20,8 @@
 //! Whoever grows a block holds its cached page's lock (or the inode's io lock
 //! exclusively, with no page cached): no write-back or load of the block is under
 //! way with the old copies, which are given back at once (after the next commit on
-//! a volume, like any other freed block).
+//! a volume, like any other freed block). A written block keeps its page sums
+//! (`remote/sums.rs`) across a move, and its new pages get the sum of zeros.
 
 use super::RmemFs;
 use crate::cache::Fill;
@@ -35,10 +36,14 @@ impl RmemFs {
     /// is left alone (a hole).
     pub(super) fn fit_block(&self, inode: &Inode, index: u64, need: u64) -> FsResult<()> {
         let need = pages_for(need).min(self.block_size);
-        let (old, written) = {
+        let (old, written, expected) = {
             let m = inode.meta();
             match m.blocks.get(&index) {
-                Some(e) if e.loc.bytes() < need => (e.loc.clone(), e.written),
+                Some(e) if e.loc.bytes() < need => (
+                    e.loc.clone(),
+                    e.written,
+                    e.sums.expected(0, e.loc.bytes() as usize),
+                ),
                 _ => return Ok(()),
             }
         };
@@ -77,7 +82,7 @@ impl RmemFs {
         };
         let mut new = self.remote.alloc_block(size)?;
         if written {
-            new = self.copy_block(&live, new)?;
+            new = self.copy_block(&live, &expected, new)?;
         }
         if let Some(replaced) = self.replace_copies(inode, index, new) {
             self.free_later([replaced]);
@@ -104,11 +109,22 @@ impl RmemFs {
         self.free_later([tail]);
     }
 
-    /// Gives block `index` the copies `loc`; returns the ones it had.
+    /// Gives block `index` the copies `loc`, holding its content and then zeros (or
+    /// its first `loc.bytes()` bytes); returns the ones it had.
     fn replace_copies(&self, inode: &Inode, index: u64, loc: BlockLoc) -> Option<BlockLoc> {
         let replaced = {
             let mut m = inode.meta();
+            let new_bytes = loc.bytes();
             let replaced = m.resize_block(index, loc);
+            if let (Some(old), Some(e)) = (&replaced, m.blocks.get_mut(&index)) {
+                if new_bytes > old.bytes() {
+                    if e.written {
+                        e.sums.record_zeros(old.bytes(), new_bytes);
+                    }
+                } else {
+                    e.sums.truncate(new_bytes);
+                }
+            }
             m.block_changed(index);
             replaced
         };
@@ -116,12 +132,22 @@ impl RmemFs {
         replaced
     }
 
-    /// The content of `from` (all its bytes, then zeros) into the copies of `to`;
-    /// returns `to` with the copies that took it (`to` is given back on failure).
-    fn copy_block(&self, from: &BlockLoc, to: BlockLoc) -> FsResult<BlockLoc> {
+    /// The content of `from` (all its bytes, checked against `expected`, then zeros)
+    /// into the copies of `to`; returns `to` with the copies that took it (`to` is
+    /// given back on failure).
+    fn copy_block(
+        &self,
+        from: &BlockLoc,
+        expected: &[Option<u32>],
+        to: BlockLoc,
+    ) -> FsResult<BlockLoc> {
         let mut buf = vec![0u8; to.bytes() as usize];
         let old = &mut buf[..from.bytes() as usize];
-        if let Err(e) = self.remote.read_blocks(&mut [(from, 0, old)]).remove(0) {
+        if let Err(e) = self
+            .remote
+            .read_blocks(&mut [(from, 0, old, expected)])
+            .remove(0)
+        {
             self.remote.free_blocks([to]);
             return Err(e.into());
         }

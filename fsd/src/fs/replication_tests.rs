@@ -9,8 +9,8 @@ use rmemfs_common::fabric::tcp::TcpEndpoint;
 use rmemfs_common::fabric::{Endpoint, Transport};
 use std::time::{Duration, Instant};
 
-const BS: u64 = 4096;
-const ME: Caller = Caller::with_ids(0, 0);
+pub(super) const BS: u64 = 4096;
+pub(super) const ME: Caller = Caller::with_ids(0, 0);
 const NODE_SIZE: u64 = 4 << 20;
 
 fn start_node(listen: &str) -> memnode::Memnode {
@@ -26,18 +26,23 @@ fn start_node(listen: &str) -> memnode::Memnode {
     .expect("memnode starts")
 }
 
-struct Cluster {
+pub(super) struct Cluster {
     nodes: Vec<Option<memnode::Memnode>>,
     addrs: Vec<String>,
-    fs: RmemFs,
+    pub(super) fs: RmemFs,
 }
 
 impl Cluster {
-    fn new(count: usize, replicas: usize, cache_blocks: u64) -> Cluster {
+    pub(super) fn new(count: usize, replicas: usize, cache_blocks: u64) -> Cluster {
         Cluster::with_block_size(count, replicas, cache_blocks, BS)
     }
 
-    fn with_block_size(count: usize, replicas: usize, cache_blocks: u64, bs: u64) -> Cluster {
+    pub(super) fn with_block_size(
+        count: usize,
+        replicas: usize,
+        cache_blocks: u64,
+        bs: u64,
+    ) -> Cluster {
         let nodes: Vec<_> = (0..count)
             .map(|_| Some(start_node("127.0.0.1:0")))
             .collect();

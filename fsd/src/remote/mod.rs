@@ -21,6 +21,7 @@ mod node;
 mod placement;
 mod pool;
 mod refill;
+pub mod sums;
 mod watch;
 
 pub use node::VolumeSpec;
@@ -50,6 +51,10 @@ pub enum RemoteError {
     Lost,
     #[error("bytes past a block's allocation ({bytes} bytes) are not zero: fsd would drop them")]
     PastAllocation { bytes: u64 },
+    #[error(
+        "every copy of the block fails its checksum (the last on memnode {node} at {addr:#x})"
+    )]
+    Corrupt { node: String, addr: u64 },
 }
 
 impl RemoteError {
@@ -83,6 +88,10 @@ pub struct RemoteCounters {
     pub chunk_frees: AtomicU64,
     /// Copies written to replace copies lost with a memnode.
     pub copies_restored: AtomicU64,
+    /// Reads whose bytes failed their checksum (one per copy read).
+    pub checksum_failures: AtomicU64,
+    /// Pages of copies rewritten from a good copy after failing their checksum.
+    pub pages_repaired: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -124,6 +133,10 @@ pub struct RemoteStore {
 fn held_part(loc: &BlockLoc, offset: usize, len: usize) -> usize {
     (loc.bytes() as usize).saturating_sub(offset).min(len)
 }
+
+/// One read of [`RemoteStore::read_blocks`]: a block's copies, the byte offset in the
+/// block, the buffer, and the expected sums of the whole pages the range holds.
+pub type BlockRead<'a> = (&'a BlockLoc, usize, &'a mut [u8], &'a [Option<u32>]);
 
 /// One remote operation on one copy, as [`RemoteStore::post`] takes them.
 struct CopyOp<'a> {
@@ -430,6 +443,12 @@ impl RemoteStore {
     /// Posts `ops`; all operations for one node go together on one of its
     /// connections. Returns one result per operation, in order.
     fn post(&self, ops: Vec<CopyOp<'_>>) -> Vec<Result<(), RemoteError>> {
+        self.post_counted(ops, true)
+    }
+
+    /// As [`RemoteStore::post`]; `counted` false leaves the traffic counters alone
+    /// (the scrubber's reads, which it counts itself, are not the data path's).
+    fn post_counted(&self, ops: Vec<CopyOp<'_>>, counted: bool) -> Vec<Result<(), RemoteError>> {
         let mut results: Vec<Result<(), RemoteError>> = ops.iter().map(|_| Ok(())).collect();
         let mut nodes: Vec<u16> = ops.iter().map(|o| o.replica.node).collect();
         nodes.sort_unstable();
@@ -472,8 +491,10 @@ impl RemoteStore {
                         local.len(),
                     ),
                 };
-                count.fetch_add(1, Ordering::Relaxed);
-                bytes.fetch_add(len as u64, Ordering::Relaxed);
+                if counted {
+                    count.fetch_add(1, Ordering::Relaxed);
+                    bytes.fetch_add(len as u64, Ordering::Relaxed);
+                }
                 posted.push(i);
                 batch.push(op);
             }
@@ -487,12 +508,13 @@ impl RemoteStore {
 
     /// Reads bytes `offset..offset + buffer length` of each block into its buffer from
     /// one of its copies, trying the next copy when one fails; bytes past the
-    /// block's allocation read as zeros. A block with no copy left fails with
-    /// [`RemoteError::Lost`].
-    pub fn read_blocks(
-        &self,
-        reads: &mut [(&BlockLoc, usize, &mut [u8])],
-    ) -> Vec<Result<(), RemoteError>> {
+    /// block's allocation read as zeros. Each read's pages are checked against its
+    /// expected sums (`sums.rs`; one per page of the range): a copy that fails is
+    /// logged and counted, the next copy is read, and once one passes the copies
+    /// that failed are rewritten from it (read repair). A block with no copy left
+    /// fails with [`RemoteError::Lost`], one whose every copy fails its checksum
+    /// with [`RemoteError::Corrupt`].
+    pub fn read_blocks(&self, reads: &mut [BlockRead<'_>]) -> Vec<Result<(), RemoteError>> {
         let mut results: Vec<Result<(), RemoteError>> =
             reads.iter().map(|_| Err(RemoteError::Lost)).collect();
         // The next copy to try, per block; `None` once a block is done.
@@ -500,13 +522,15 @@ impl RemoteStore {
         // Bytes of each buffer the block's allocation holds; the rest is zeros.
         let held: Vec<usize> = reads
             .iter_mut()
-            .map(|(loc, offset, buf)| {
+            .map(|(loc, offset, buf, _)| {
                 let n = held_part(loc, *offset, buf.len());
                 buf[n..].fill(0);
                 n
             })
             .collect();
-        for (i, (loc, _, _)) in reads.iter().enumerate() {
+        // The copies of each block whose bytes failed their checksum.
+        let mut bad: Vec<Vec<Replica>> = vec![Vec::new(); reads.len()];
+        for (i, (loc, _, _, _)) in reads.iter().enumerate() {
             if held[i] == 0 && loc.replicas().iter().any(|r| self.holds(r)) {
                 results[i] = Ok(());
                 next[i] = None;
@@ -514,7 +538,7 @@ impl RemoteStore {
         }
         loop {
             let mut chosen: Vec<Option<Replica>> = vec![None; reads.len()];
-            for (i, (loc, _, _)) in reads.iter().enumerate() {
+            for (i, (loc, _, _, _)) in reads.iter().enumerate() {
                 let Some(from) = next[i] else { continue };
                 let pick = loc.replicas()[from.min(loc.len())..]
                     .iter()
@@ -529,7 +553,7 @@ impl RemoteStore {
             }
             let mut which = Vec::new();
             let mut ops = Vec::new();
-            for (i, (_, offset, buf)) in reads.iter_mut().enumerate() {
+            for (i, (_, offset, buf, _)) in reads.iter_mut().enumerate() {
                 if let Some(replica) = chosen[i] {
                     which.push(i);
                     ops.push(CopyOp {
@@ -542,13 +566,104 @@ impl RemoteStore {
                 }
             }
             if ops.is_empty() {
-                return results;
+                break;
             }
             for (i, r) in which.into_iter().zip(self.post(ops)) {
-                if r.is_ok() {
-                    next[i] = None;
+                let (_, offset, buf, expected) = &reads[i];
+                let replica = chosen[i].expect("a read was posted for it");
+                results[i] =
+                    r.and_then(|()| self.check_sums(replica, *offset, &buf[..held[i]], expected));
+                match &results[i] {
+                    Ok(()) => next[i] = None,
+                    Err(RemoteError::Corrupt { .. }) => bad[i].push(replica),
+                    Err(_) => {}
                 }
-                results[i] = r;
+            }
+        }
+        for (i, bad) in bad.iter().enumerate() {
+            if results[i].is_ok() && !bad.is_empty() {
+                let (_, offset, buf, _) = &reads[i];
+                self.rewrite_copies(bad, *offset, &buf[..held[i]]);
+            }
+        }
+        results
+    }
+
+    /// Checks `data`, just read from `replica` at `offset`, against `expected`.
+    fn check_sums(
+        &self,
+        replica: Replica,
+        offset: usize,
+        data: &[u8],
+        expected: &[Option<u32>],
+    ) -> Result<(), RemoteError> {
+        let Some(page) = sums::first_mismatch(offset, data, expected) else {
+            return Ok(());
+        };
+        let (node, addr) = self.note_checksum_failure(replica, page);
+        Err(RemoteError::Corrupt { node, addr })
+    }
+
+    /// Counts and logs that the copy `replica` failed its checksum in the page at
+    /// byte `page` of its block; its memnode and address.
+    pub fn note_checksum_failure(&self, replica: Replica, page: usize) -> (String, u64) {
+        self.counters
+            .checksum_failures
+            .fetch_add(1, Ordering::Relaxed);
+        let node = self.node_name(replica.node as usize).to_string();
+        let addr = replica.remote.offset(page).addr;
+        log::error!(
+            "checksum mismatch: the copy on memnode {node} has bad bytes in the page at {addr:#x}"
+        );
+        (node, addr)
+    }
+
+    /// Reads bytes `offset..offset + buf.len()` of one copy, unchecked and uncounted
+    /// in the traffic counters (the scrubber checks and counts them itself).
+    pub fn read_copy(
+        &self,
+        replica: Replica,
+        offset: usize,
+        buf: &mut [u8],
+    ) -> Result<(), RemoteError> {
+        let op = CopyOp {
+            replica,
+            op: RdmaOp::Read {
+                local: buf,
+                remote: replica.remote.offset(offset),
+            },
+        };
+        self.post_counted(vec![op], false).remove(0)
+    }
+
+    /// Rewrites `data` at `offset` of the copies in `bad`, whose bytes there failed
+    /// their checksum while another copy's passed (read repair, and the scrubber's).
+    pub fn rewrite_copies(&self, bad: &[Replica], offset: usize, data: &[u8]) {
+        let ops = bad
+            .iter()
+            .map(|replica| CopyOp {
+                replica: *replica,
+                op: RdmaOp::Write {
+                    local: data,
+                    remote: replica.remote.offset(offset),
+                },
+            })
+            .collect();
+        for (replica, r) in bad.iter().zip(self.post(ops)) {
+            let node = self.node_name(replica.node as usize);
+            match r {
+                Ok(()) => {
+                    let pages = data.len().div_ceil(PAGE as usize) as u64;
+                    self.counters
+                        .pages_repaired
+                        .fetch_add(pages, Ordering::Relaxed);
+                    log::warn!(
+                        "repaired {pages} page(s) of the copy on memnode {node} at {:#x} \
+                         from a good copy",
+                        replica.remote.offset(offset).addr
+                    );
+                }
+                Err(e) => log::error!("repairing the copy on memnode {node}: {e}"),
             }
         }
     }
@@ -849,7 +964,7 @@ mod tests {
         let ok = r.write_copies(&[(&loc, 0, &data[..])]);
         assert!(ok[0].iter().all(|c| c.is_ok()), "{ok:?}");
         let mut back = vec![0xffu8; 2 * PAGE as usize];
-        r.read_blocks(&mut [(&loc, 0, &mut back[..])])[0]
+        r.read_blocks(&mut [(&loc, 0, &mut back[..], &[])])[0]
             .clone()
             .expect("read");
         assert!(back == data, "the page back, then zeros");

@@ -456,11 +456,13 @@ impl Loaded {
     /// The live namespace (after [`Loaded::reclaim`]).
     pub fn into_namespace(self, remote: &RemoteStore, journal: Arc<Journal>) -> Namespace {
         // A written block with no copy left keeps its entry: reading it fails (EIO)
-        // rather than returning zeros as if it were a hole.
+        // rather than returning zeros as if it were a hole. Page sums are not kept on
+        // the volume yet: its pages are read unchecked until rewritten.
         Namespace::from_image(self.image.clone(), journal, &|b| {
             Some(BlockEntry {
                 loc: self.resolve(remote, b),
                 written: b.flags & BLOCK_WRITTEN != 0,
+                sums: Default::default(),
             })
         })
     }

@@ -17,6 +17,7 @@ fn a_block_stores_only_the_copies_of_this_generations_members() {
             [rep(0, 0, 4096), rep(1, 0, 8192), rep(2, 2, 0), rep(2, 3, 0)],
         ),
         written: true,
+        sums: Default::default(),
     };
     let Record::Block(b) = encode_block(&members, 5, 9, &e) else {
         panic!("not a block record");

@@ -1,0 +1,145 @@
+//! Page checksums end to end in the core: bytes changed in a copy behind fsd's back
+//! are caught on load, repaired from a good copy, or fail with EIO when no good copy
+//! is left; never returned as data. The copy is damaged through the fabric at its
+//! remote address, as a stray write on the memnode's host would.
+
+use super::replication_tests::{Cluster, BS, ME};
+use super::*;
+use crate::inode::ROOT_INO;
+
+/// A file of two 4 KiB blocks written back, out of the cache; its blocks' copies.
+fn written_file(c: &Cluster) -> (Ino, Vec<u8>, Vec<Vec<crate::remote::Replica>>) {
+    let ino = c.fs.create(ROOT_INO, "f".as_ref(), 0o644, ME).unwrap().ino;
+    let data: Vec<u8> = (0..2 * BS).map(|i| (i * 7 % 251) as u8).collect();
+    c.fs.write(ino, 0, &data).unwrap();
+    c.fs.fsync(ino).unwrap();
+    c.fs.cache().invalidate(ino, 0);
+    let inode = c.fs.ns.get(ino).unwrap();
+    let m = inode.meta();
+    let copies = (0..2)
+        .map(|b| m.blocks[&b].loc.replicas().to_vec())
+        .collect();
+    (ino, data, copies)
+}
+
+fn damage(c: &Cluster, copy: &crate::remote::Replica, at: usize) -> Vec<u8> {
+    let remote = copy.remote.offset(at);
+    let mut byte = [0u8; 1];
+    c.fs.remote()
+        .read_at(copy.node as usize, remote, &mut byte)
+        .unwrap();
+    let good = byte.to_vec();
+    byte[0] ^= 0x40;
+    c.fs.remote()
+        .write_at(copy.node as usize, remote, &byte)
+        .unwrap();
+    good
+}
+
+fn counter(c: &Cluster, f: impl Fn(&crate::remote::RemoteCounters) -> &AtomicU64) -> u64 {
+    f(&c.fs.remote().counters).load(Ordering::Relaxed)
+}
+
+#[test]
+fn a_damaged_copy_is_read_past_and_repaired_from_a_good_one() {
+    let c = Cluster::new(2, 2, 4);
+    let (ino, data, copies) = written_file(&c);
+    let first = copies[1][0];
+    let good = damage(&c, &first, 100);
+    assert_eq!(c.fs.read(ino, 0, data.len() as u32).unwrap(), data);
+    assert_eq!(counter(&c, |k| &k.checksum_failures), 1);
+    assert_eq!(counter(&c, |k| &k.pages_repaired), 1);
+    let mut back = [0u8; 1];
+    let at = first.remote.offset(100);
+    c.fs.remote()
+        .read_at(first.node as usize, at, &mut back)
+        .unwrap();
+    assert_eq!(
+        back.to_vec(),
+        good,
+        "the bad copy holds the good byte again"
+    );
+    c.fs.cache().invalidate(ino, 0);
+    assert_eq!(c.fs.read(ino, 0, data.len() as u32).unwrap(), data);
+    assert_eq!(
+        counter(&c, |k| &k.checksum_failures),
+        1,
+        "nothing bad the second time"
+    );
+}
+
+#[test]
+fn with_no_good_copy_the_read_fails_and_returns_nothing() {
+    let c = Cluster::new(1, 1, 4);
+    let (ino, data, copies) = written_file(&c);
+    damage(&c, &copies[0][0], BS as usize - 1);
+    match c.fs.read(ino, 0, data.len() as u32) {
+        Err(FsError::Io(msg)) => assert!(msg.contains("checksum"), "{msg}"),
+        other => panic!("read of a damaged block: {other:?}"),
+    }
+    assert_eq!(counter(&c, |k| &k.checksum_failures), 1);
+    assert_eq!(counter(&c, |k| &k.pages_repaired), 0);
+    // The other block is intact and still reads.
+    let second = c.fs.read(ino, BS, BS as u32).unwrap();
+    assert_eq!(second, data[BS as usize..]);
+}
+
+#[test]
+fn pages_keep_their_sums_when_a_block_grows_and_moves() {
+    // 64 KiB blocks, so a small file's block holds one page and grows.
+    let c = Cluster::with_block_size(1, 1, 8, 64 << 10);
+    let ino = c.fs.create(ROOT_INO, "g".as_ref(), 0o644, ME).unwrap().ino;
+    c.fs.write(ino, 0, &[1u8; 3000]).unwrap();
+    c.fs.fsync(ino).unwrap();
+    // A neighbour right after it, so the block must move to grow.
+    let other = c.fs.create(ROOT_INO, "h".as_ref(), 0o644, ME).unwrap().ino;
+    c.fs.write(other, 0, &[2u8; 100]).unwrap();
+    c.fs.fsync(other).unwrap();
+    c.fs.cache().invalidate(ino, 0);
+    c.fs.write(ino, 20_000, &[3u8; 10]).unwrap();
+    c.fs.fsync(ino).unwrap();
+    c.fs.cache().invalidate(ino, 0);
+    let got = c.fs.read(ino, 0, 20_010).unwrap();
+    assert!(got[..3000].iter().all(|&b| b == 1));
+    assert!(got[3000..20_000].iter().all(|&b| b == 0));
+    assert!(got[20_000..].iter().all(|&b| b == 3));
+    assert_eq!(counter(&c, |k| &k.checksum_failures), 0);
+    // The first page was written whole, pages 1-3 are zeros the move put there; the
+    // last got 10 bytes written into a page the cache did not hold (no sum).
+    let inode = c.fs.ns.get(ino).unwrap();
+    let sums = inode.meta().blocks[&0].sums.clone();
+    let known = sums.expected(0, 5 * 4096);
+    assert_eq!(
+        known.iter().take(4).filter(|s| s.is_some()).count(),
+        4,
+        "{known:?}"
+    );
+    assert_eq!(sums.expected(0, 64 << 10).len(), 16);
+}
+
+#[test]
+fn the_scrubber_repairs_a_copy_nobody_reads() {
+    let c = Cluster::new(2, 2, 4);
+    let (_ino, _data, copies) = written_file(&c);
+    let second = copies[0][1];
+    let good = damage(&c, &second, 5);
+    // Budget for one block's two copies per call: the damage is in the first block.
+    let mut passes = 0;
+    while c.fs.scrub_counters.passes.load(Ordering::Relaxed) == 0 {
+        c.fs.scrub(2 * BS);
+        passes += 1;
+        assert!(passes < 100, "the scrubber never finished a pass");
+    }
+    assert_eq!(counter(&c, |k| &k.checksum_failures), 1);
+    assert_eq!(counter(&c, |k| &k.pages_repaired), 1);
+    assert_eq!(c.fs.scrub_counters.bad_pages.load(Ordering::Relaxed), 1);
+    let mut back = [0u8; 1];
+    let at = second.remote.offset(5);
+    c.fs.remote()
+        .read_at(second.node as usize, at, &mut back)
+        .unwrap();
+    assert_eq!(back.to_vec(), good, "the scrubber rewrote the bad copy");
+    // A second pass finds nothing more.
+    c.fs.scrub(u64::MAX);
+    assert_eq!(counter(&c, |k| &k.checksum_failures), 1);
+}

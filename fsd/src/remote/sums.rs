@@ -1,0 +1,190 @@
+//! Checksums of what remote memory holds: a crc32c of each 4 KiB page of a block's
+//! copies, computed by fsd from the bytes it writes and checked against every read.
+//!
+//! Pages, not blocks, because fsd reads and writes blocks in part (the sectors a
+//! random read needs, the dirty sectors of a page): a page's sum is known from the
+//! bytes written to it alone, and a read of some pages is checked without the rest.
+//! A page whose sum is not known (`None`: a block brought in from a volume, whose
+//! sums are not kept there yet) is read unchecked until fsd writes it.
+
+use super::PAGE;
+
+/// crc32c of one page of `data` (a whole page, or the end of `data`).
+fn page_sum(page: &[u8]) -> u32 {
+    crc32c::crc32c(page)
+}
+
+const P: usize = PAGE as usize;
+
+/// The sum of a page of zeros.
+pub fn zero_page_sum() -> u32 {
+    static ZERO: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *ZERO.get_or_init(|| page_sum(&[0u8; P]))
+}
+
+/// The whole pages inside bytes `offset..offset + len` of a block: the first one's
+/// index, and the bytes of the range before it.
+fn whole_pages(offset: usize, len: usize) -> (usize, usize, usize) {
+    let first = offset.div_ceil(P);
+    let end = (offset + len) / P;
+    (first, end.saturating_sub(first), first * P - offset)
+}
+
+/// What a write of `data` at byte `offset` of a block leaves known: the sums of the
+/// pages it covers whole, and no sum for a page it covers in part (the rest of that
+/// page is not in fsd's hands: a write of part of a sector the cache never loaded).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    first_page: usize,
+    sums: Vec<Option<u32>>,
+}
+
+pub fn written(offset: usize, data: &[u8]) -> Written {
+    let first_page = offset / P;
+    let last_page = (offset + data.len()).div_ceil(P);
+    let (whole, count, skip) = whole_pages(offset, data.len());
+    let mut sums = vec![None; last_page - first_page];
+    let pages = data[skip.min(data.len())..].chunks_exact(P).take(count);
+    for (k, page) in pages.enumerate() {
+        sums[whole - first_page + k] = Some(page_sum(page));
+    }
+    Written { first_page, sums }
+}
+
+/// The first whole page of `data` (bytes `offset..` of a block) whose sum is known
+/// and differs from `expected`'s (one entry per whole page of the range, as
+/// [`Sums::expected`] gives them): its offset in the block.
+pub fn first_mismatch(offset: usize, data: &[u8], expected: &[Option<u32>]) -> Option<usize> {
+    mismatches(offset, data, expected).first().copied()
+}
+
+/// The whole pages of `data` (bytes `offset..` of a block) that fail their known
+/// sum: their offsets in the block.
+pub fn mismatches(offset: usize, data: &[u8], expected: &[Option<u32>]) -> Vec<usize> {
+    let (first, count, skip) = whole_pages(offset, data.len());
+    data[skip.min(data.len())..]
+        .chunks_exact(P)
+        .take(count)
+        .zip(expected)
+        .enumerate()
+        .filter(|(_, (page, want))| want.is_some_and(|w| page_sum(page) != w))
+        .map(|(k, _)| (first + k) * P)
+        .collect()
+}
+
+/// One sum per page of a block's copies, from its first page.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sums(Vec<Option<u32>>);
+
+impl Sums {
+    /// Records what a write left known (see [`written`]).
+    pub fn record(&mut self, w: &Written) {
+        let end = w.first_page + w.sums.len();
+        if self.0.len() < end {
+            self.0.resize(end, None);
+        }
+        self.0[w.first_page..end].copy_from_slice(&w.sums);
+    }
+
+    /// Records that bytes `from..to` (page boundaries) hold zeros.
+    pub fn record_zeros(&mut self, from: u64, to: u64) {
+        let (from, to) = (from as usize / P, to as usize / P);
+        if self.0.len() < to {
+            self.0.resize(to, None);
+        }
+        self.0[from..to].fill(Some(zero_page_sum()));
+    }
+
+    /// Forgets the sums of the pages from byte `bytes` on (the copies were cut there).
+    pub fn truncate(&mut self, bytes: u64) {
+        self.0.truncate(bytes as usize / P);
+    }
+
+    /// The expected sums of the whole pages inside bytes `offset..offset + len`.
+    pub fn expected(&self, offset: usize, len: usize) -> Vec<Option<u32>> {
+        let (first, count, _) = whole_pages(offset, len);
+        (first..first + count)
+            .map(|p| self.0.get(p).copied().flatten())
+            .collect()
+    }
+
+    /// How many pages have a known sum.
+    pub fn known(&self) -> usize {
+        self.0.iter().filter(|s| s.is_some()).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recorded(offset: usize, data: &[u8]) -> Sums {
+        let mut sums = Sums::default();
+        sums.record(&written(offset, data));
+        sums
+    }
+
+    #[test]
+    fn a_changed_byte_is_found_in_its_page_and_unknown_pages_pass() {
+        let mut data = vec![7u8; 3 * P];
+        data[P..2 * P].fill(9);
+        let mut sums = recorded(0, &data);
+        assert_eq!(first_mismatch(0, &data, &sums.expected(0, 3 * P)), None);
+        data[2 * P + 100] ^= 1;
+        assert_eq!(
+            first_mismatch(0, &data, &sums.expected(0, 3 * P)),
+            Some(2 * P)
+        );
+        assert_eq!(
+            first_mismatch(P, &data[P..], &sums.expected(P, 2 * P)),
+            Some(2 * P),
+            "a read of part of the block is checked against its own pages"
+        );
+        sums.truncate(2 * P as u64);
+        assert_eq!(
+            first_mismatch(0, &data, &sums.expected(0, 3 * P)),
+            None,
+            "a page without a sum is not checked"
+        );
+    }
+
+    #[test]
+    fn a_write_of_part_of_a_page_leaves_that_page_unknown() {
+        let data = vec![3u8; 2 * P];
+        // Bytes 100.. of page 0, all of page 1, 100 bytes of page 2.
+        let mut sums = recorded(100, &data);
+        assert_eq!(sums.known(), 1);
+        let all = sums.expected(0, 3 * P);
+        assert_eq!(all[0], None);
+        assert!(all[1].is_some());
+        assert_eq!(all[2], None);
+        // A read that covers page 1 whole checks it, whatever its alignment.
+        let page1 = vec![3u8; P + 200];
+        assert_eq!(
+            first_mismatch(P - 100, &page1, &sums.expected(P - 100, P + 200)),
+            None
+        );
+        let mut bad = page1.clone();
+        bad[150] = 0;
+        assert_eq!(
+            first_mismatch(P - 100, &bad, &sums.expected(P - 100, P + 200)),
+            Some(P)
+        );
+        // Parts of pages are not checked: a read inside one page checks nothing.
+        assert!(sums.expected(P + 10, 100).is_empty());
+        // Page 1 rewritten whole keeps its sum; page 0 gains one.
+        sums.record(&written(0, &vec![4u8; P]));
+        assert_eq!(sums.known(), 2);
+    }
+
+    #[test]
+    fn zeros_extend_the_block() {
+        let mut sums = recorded(P, &[5u8; P]);
+        sums.record_zeros(2 * P as u64, 4 * P as u64);
+        assert_eq!(sums.known(), 3);
+        assert_eq!(
+            first_mismatch(2 * P, &[0u8; 2 * P], &sums.expected(2 * P, 2 * P)),
+            None
+        );
+    }
+}
