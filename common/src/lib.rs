@@ -4,3 +4,4 @@ pub mod control;
 pub mod fabric;
 pub mod protocol;
 pub mod size;
+pub mod token;

@@ -80,6 +80,10 @@ pub struct Options {
     /// Token presented to memnodes (also from RMEMFS_TOKEN).
     #[arg(long, env = "RMEMFS_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// A file whose one line is the token: kept out of `ps` and the environment.
+    #[arg(long, value_name = "PATH", conflicts_with = "token",
+          value_parser = rmemfs_common::token::read_token_file)]
+    pub token_file: Option<String>,
     /// Seconds a remote operation may take before it fails with EIO.
     #[arg(long, default_value_t = 5.0)]
     pub op_timeout: f64,
@@ -150,6 +154,11 @@ pub struct Options {
 }
 
 impl Options {
+    /// The token, from `--token` (or RMEMFS_TOKEN) or `--token-file`.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref().or(self.token_file.as_deref())
+    }
+
     fn validate(&self) -> anyhow::Result<()> {
         let bs = self.block_size;
         if !bs.is_power_of_two() || !(4096..=16 << 20).contains(&bs) {
@@ -182,7 +191,7 @@ impl Options {
         if self.rereplication_rate < self.block_size {
             bail!("--rereplication-rate must be at least one block per second");
         }
-        let token_len = self.token.as_ref().map_or(0, |t| t.len());
+        let token_len = self.token().map_or(0, |t| t.len());
         if token_len > rmemfs_common::protocol::MAX_TOKEN_LEN {
             bail!(
                 "--token is {token_len} bytes; at most {} are allowed",
@@ -243,7 +252,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     opts.validate()?;
     let timeout = Duration::from_secs_f64(opts.op_timeout);
     let poll = Duration::from_micros(opts.poll_us);
-    let mut token = opts.token.clone().unwrap_or_default().into_bytes();
+    let mut token = opts.token().unwrap_or_default().as_bytes().to_vec();
     let mut memnodes = opts.memnodes.clone();
     let _embedded = if memnodes.is_empty() {
         // A private token so no other local process can use the embedded memnode.

@@ -37,6 +37,11 @@ struct Cli {
     )]
     token: Option<String>,
 
+    /// A file whose one line is the token: kept out of `ps` and the environment.
+    #[arg(long, value_name = "PATH", conflicts_with = "token",
+          value_parser = rmemfs_common::token::read_token_file)]
+    token_file: Option<String>,
+
     /// Back the region with 2 MiB huge pages (falls back to normal pages if none).
     #[arg(long)]
     huge_pages: bool,
@@ -87,7 +92,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let mut node = Memnode::start(MemnodeConfig {
         listen: cli.listen.clone(),
         size: cli.size,
-        token: cli.token.map(String::into_bytes),
+        token: cli.token.or(cli.token_file).map(String::into_bytes),
         huge_pages: cli.huge_pages,
         transport: cli.transport,
         poll: std::time::Duration::from_micros(cli.poll_us),

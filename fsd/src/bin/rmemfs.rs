@@ -35,12 +35,26 @@ struct Remote {
     /// Token presented to memnodes (also from RMEMFS_TOKEN).
     #[arg(long, env = "RMEMFS_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// A file whose one line is the token: kept out of `ps` and the environment.
+    #[arg(long, value_name = "PATH", conflicts_with = "token",
+          value_parser = rmemfs_common::token::read_token_file)]
+    token_file: Option<String>,
     /// Fabric to the memnodes: verbs, tcp, or auto.
     #[arg(long, default_value = "auto", value_parser = clap::value_parser!(Transport))]
     transport: Transport,
     /// Seconds a remote operation may take.
     #[arg(long, default_value_t = 5.0)]
     op_timeout: f64,
+}
+
+impl Remote {
+    /// The token, from `--token` (or RMEMFS_TOKEN) or `--token-file`; empty if none.
+    fn token(&self) -> &str {
+        self.token
+            .as_deref()
+            .or(self.token_file.as_deref())
+            .unwrap_or_default()
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -106,7 +120,7 @@ fn connect(r: &Remote, memnode: &str) -> anyhow::Result<Box<dyn Endpoint>> {
     let client = random_id();
     let ep = fabric::connect(r.transport, memnode, client, timeout(r), Duration::ZERO)
         .with_context(|| format!("connecting to memnode {memnode}"))?;
-    let token = r.token.clone().unwrap_or_default();
+    let token = r.token().to_string();
     control::hello(ep.as_ref(), client, token.as_bytes())
         .with_context(|| format!("memnode {memnode}"))?;
     Ok(ep)
@@ -220,7 +234,7 @@ fn fsck(name: &str, r: &Remote, block_size: u64, json: bool) -> anyhow::Result<E
             chunk_size: block_size,
             connections: 1,
             client_id: random_id(),
-            token: r.token.clone().unwrap_or_default().into_bytes(),
+            token: r.token().as_bytes().to_vec(),
             replicas: 1,
             watch_interval: Duration::from_secs(3600),
             volume: Some(VolumeSpec {
