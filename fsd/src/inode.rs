@@ -105,6 +105,15 @@ pub struct Meta {
     /// On a durable volume: blocks whose entry changed since the last commit (the
     /// commit records their state). `None` in scratch mode, where nothing is logged.
     pub dirty_blocks: Option<BTreeSet<u64>>,
+    /// On a durable volume: the log may hold page sums of this file's blocks that a
+    /// write-back would make stale, so one must log [`Record::SumsStale`] first
+    /// (`volume/mod.rs`, "Page sums in the log").
+    ///
+    /// [`Record::SumsStale`]: crate::volume::format::Record::SumsStale
+    pub sums_logged: bool,
+    /// Write-backs of this file's blocks under way (between choosing their copies and
+    /// recording their outcome): while any is, a commit logs no sums for it.
+    pub writebacks: u32,
 }
 
 pub struct Inode {
@@ -137,6 +146,8 @@ impl Inode {
                 write_error: None,
                 released: false,
                 dirty_blocks: None,
+                sums_logged: false,
+                writebacks: 0,
             }),
             next_read: AtomicU64::new(0),
             readahead_to: AtomicU64::new(0),

@@ -46,6 +46,10 @@ pub struct Snapshot {
     pub scrub_pass_blocks: u64,
     pub scrub_bytes: u64,
     pub scrub_bad_pages: u64,
+    /// Pages without a sum that the scrubber gave one, and such pages whose copies
+    /// differ (neither can be judged).
+    pub scrub_adopted_pages: u64,
+    pub scrub_unsettled_pages: u64,
     pub replicas: u64,
     /// FUSE requests answered through the io_uring transport (0 when /dev/fuse
     /// serves the mount).
@@ -92,6 +96,8 @@ impl Snapshot {
             scrub_pass_blocks: get(&fs.scrub_counters.pass_blocks),
             scrub_bytes: get(&fs.scrub_counters.bytes),
             scrub_bad_pages: get(&fs.scrub_counters.bad_pages),
+            scrub_adopted_pages: get(&fs.scrub_counters.adopted_pages),
+            scrub_unsettled_pages: get(&fs.scrub_counters.unsettled_pages),
             replicas: fs.remote().replicas() as u64,
             fuse_ring_requests: get(&crate::fuse::ring::RING_REQUESTS),
             node_up: (0..fs.remote().node_count())
@@ -145,6 +151,8 @@ impl Snapshot {
             ("scrub_pass_blocks", self.scrub_pass_blocks),
             ("scrub_bytes", self.scrub_bytes),
             ("scrub_bad_pages", self.scrub_bad_pages),
+            ("scrub_adopted_pages", self.scrub_adopted_pages),
+            ("scrub_unsettled_pages", self.scrub_unsettled_pages),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

@@ -152,3 +152,31 @@ fn the_scrubber_repairs_a_damaged_copy_nobody_reads() {
     assert_eq!(stats.read().expect("stats").value("checksum_failures"), 1);
     fsd.unmount();
 }
+
+#[test]
+fn on_a_volume_the_sums_outlive_fsd_and_catch_damage_after_a_remount() {
+    let memnode = MemnodeProc::start("64M");
+    let stats = StatsFile::new();
+    let mut fsd_args = args(&stats, "1");
+    fsd_args.extend(["--volume", "sums"]);
+    let fsd = FsdMount::with_memnode(&memnode, &fsd_args);
+    let pattern = Pattern::for_test("integrity-volume");
+    pattern.write_file(&fsd.join("f"), FILE);
+    fsd.unmount();
+    // A new fsd knows the sums only from the volume's metadata.
+    let fsd = FsdMount::with_memnode(&memnode, &fsd_args);
+    let addr = page_in(&memnode, &pattern);
+    procmem::flip(memnode.pid(), addr + 12, 1);
+    let file = File::open(fsd.join("f")).expect("open");
+    let mut page = vec![0u8; 4096];
+    let err = file
+        .read_exact_at(&mut page, AT)
+        .expect_err("a damaged page of a remounted volume must fail, not read");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    let s = stats.wait_for(Duration::from_secs(10), "the failure counted", |s| {
+        s.value("checksum_failures") >= 1
+    });
+    assert_eq!(s.value("checksum_failures"), 1, "{s}");
+    drop(file);
+    fsd.unmount();
+}

@@ -12,29 +12,59 @@
 //! every copy the block has was written.
 //!
 //! Every page written back gets its checksum recorded once all its copies took it,
-//! and every page loaded is checked against it (`remote/sums.rs`).
+//! and every page loaded is checked against it (`remote/sums.rs`). On a durable
+//! volume whose log holds a file's sums, the log first learns that they may go
+//! stale (`volume/mod.rs`, "Page sums in the log").
 
 use super::RmemFs;
 use crate::cache::{Backing, PageKey};
 use crate::error::FsError;
+use crate::inode::{Inode, Meta};
 use crate::remote::sums;
 use crate::remote::{BlockLoc, RemoteError};
 use std::sync::atomic::Ordering;
 
 /// The copies one write-back of a block writes.
+#[derive(Clone)]
 struct Target {
     loc: BlockLoc,
     /// Copies added to replace lost ones (the block had content in remote memory).
     restored: usize,
+    /// The volume's log holds sums of this file that the write-back makes stale.
+    stales_sums: bool,
 }
 
 impl RmemFs {
     /// The copies block `key` is to be written to: those that still exist, plus, for
     /// a `whole` block, new ones up to the copies the cluster can hold now. `None`: the
     /// block no longer exists (truncated or deleted since the page was dirtied).
+    /// A target returned counts as a write-back under way (`Meta::writebacks`) until
+    /// [`RmemFs::writeback_done`] or [`RmemFs::writeback_dropped`].
     fn writeback_target(&self, key: PageKey, whole: bool) -> Option<Result<Target, FsError>> {
         let inode = self.ns.get(key.0).ok()?;
         let mut m = inode.meta();
+        let target = self.choose_copies(&inode, &mut m, key, whole)?;
+        if let Ok(t) = &target {
+            m.writebacks += 1;
+            if self.volume.is_some() && m.sums_logged {
+                m.sums_logged = false;
+                return Some(Ok(Target {
+                    stales_sums: true,
+                    ..t.clone()
+                }));
+            }
+        }
+        Some(target)
+    }
+
+    /// The copies of [`RmemFs::writeback_target`] (`m` is `inode`'s locked meta).
+    fn choose_copies(
+        &self,
+        inode: &Inode,
+        m: &mut Meta,
+        key: PageKey,
+        whole: bool,
+    ) -> Option<Result<Target, FsError>> {
         let entry = m.blocks.get_mut(&key.1)?;
         if !whole {
             // Part of a block goes to the copies it has: a new copy would need the rest.
@@ -46,6 +76,7 @@ impl RmemFs {
             return Some(Ok(Target {
                 loc: entry.loc.clone(),
                 restored: 0,
+                stales_sums: false,
             }));
         }
         let live = self.remote.live_copies(&entry.loc);
@@ -63,9 +94,7 @@ impl RmemFs {
         }
         if changed {
             m.block_changed(key.1);
-            drop(m);
-            self.changed(&inode);
-            m = inode.meta();
+            self.changed(inode);
         }
         let entry = m.blocks.get_mut(&key.1)?;
         if entry.loc.is_empty() {
@@ -78,7 +107,18 @@ impl RmemFs {
         Some(Ok(Target {
             loc: entry.loc.clone(),
             restored,
+            stales_sums: false,
         }))
+    }
+
+    /// A write-back whose target was chosen did not happen: no longer under way, and
+    /// if it was to log that the file's sums go stale, the next one must.
+    fn writeback_dropped(&self, key: PageKey, target: &Target) {
+        if let Ok(inode) = self.ns.get(key.0) {
+            let mut m = inode.meta();
+            m.writebacks = m.writebacks.saturating_sub(1);
+            m.sums_logged |= target.stales_sums;
+        }
     }
 
     /// After a write-back to `loc` that left the page sums `written`: drops the copies whose write failed from block `key` (if it still
@@ -95,6 +135,7 @@ impl RmemFs {
             return true;
         };
         let mut m = inode.meta();
+        m.writebacks = m.writebacks.saturating_sub(1);
         let Some(entry) = m.blocks.get_mut(&key.1) else {
             return true;
         };
@@ -110,14 +151,13 @@ impl RmemFs {
             .filter(|(_, r)| r.is_err())
             .map(|(rep, _)| *rep)
             .collect();
-        // The log learns of a block's first write-back and of lost copies.
+        // The log learns of every write-back (its sums) and of lost copies.
         let log_it = if failed.is_empty() {
-            let first = !entry.written;
             entry.written = true;
             entry.sums.record(written);
             // A whole block's write carries zeros past its copies: not remote pages.
             entry.sums.truncate(entry.loc.bytes());
-            first
+            true
         } else {
             // A failed copy holds unknown bytes: it is no copy. Its block is not freed
             // (a late write could still land in it); it goes with its memnode's epoch.
@@ -126,10 +166,37 @@ impl RmemFs {
         };
         if log_it {
             m.block_changed(key.1);
-            drop(m);
             self.changed(&inode);
         }
         failed.is_empty()
+    }
+}
+
+impl RmemFs {
+    /// Logs that the files whose sums these write-backs make stale have stale sums
+    /// (durable before their bytes move).
+    fn log_sums_stale(
+        &self,
+        writes: &[(PageKey, usize, &[u8])],
+        targets: &[(usize, Target)],
+    ) -> Result<(), FsError> {
+        let Some(volume) = &self.volume else {
+            return Ok(());
+        };
+        let mut inos: Vec<u64> = targets
+            .iter()
+            .filter(|(_, t)| t.stales_sums)
+            .map(|(n, _)| writes[*n].0 .0)
+            .collect();
+        if inos.is_empty() {
+            return Ok(());
+        }
+        inos.sort_unstable();
+        inos.dedup();
+        volume.sums_stale(&self.ns, &inos).map_err(|e| {
+            log::error!("write-back held back: {e}");
+            FsError::Io(e.to_string())
+        })
     }
 }
 
@@ -188,6 +255,13 @@ impl Backing for RmemFs {
                     Some(Ok(t)) => targets.push((n, t)),
                     Some(Err(e)) => results[n] = Err(e),
                 }
+            }
+            if let Err(e) = self.log_sums_stale(writes, &targets) {
+                for (n, t) in &targets {
+                    self.writeback_dropped(writes[*n].0, t);
+                    results[*n] = Err(e.clone());
+                }
+                break;
             }
             let copies: Vec<(&BlockLoc, usize, &[u8])> = targets
                 .iter()

@@ -143,3 +143,56 @@ fn the_scrubber_repairs_a_copy_nobody_reads() {
     c.fs.scrub(u64::MAX);
     assert_eq!(counter(&c, |k| &k.checksum_failures), 1);
 }
+
+#[test]
+fn the_scrubber_gives_pages_without_a_sum_the_sum_their_copies_agree_on() {
+    // 64 KiB blocks: a write of part of a page the cache never held leaves it unsummed.
+    let c = Cluster::with_block_size(2, 2, 8, 64 << 10);
+    let ino = c.fs.create(ROOT_INO, "u".as_ref(), 0o644, ME).unwrap().ino;
+    c.fs.write(ino, 0, &[4u8; 3 * 4096]).unwrap();
+    c.fs.fsync(ino).unwrap();
+    c.fs.cache().invalidate(ino, 0);
+    c.fs.write(ino, 4096 + 10, &[5u8; 100]).unwrap();
+    c.fs.fsync(ino).unwrap();
+    c.fs.cache().invalidate(ino, 0);
+    let sums = |c: &Cluster| c.fs.ns.get(ino).unwrap().meta().blocks[&0].sums.clone();
+    assert_eq!(sums(&c).known(), 2, "page 1 was written in part");
+    c.fs.scrub(u64::MAX);
+    assert_eq!(sums(&c).known(), 3, "both copies agree on page 1");
+    assert_eq!(c.fs.scrub_counters.adopted_pages.load(Ordering::Relaxed), 1);
+    // From now on page 1 is checked like any other.
+    let copy = c.fs.ns.get(ino).unwrap().meta().blocks[&0].loc.replicas()[1];
+    damage(&c, &copy, 4096 + 50);
+    c.fs.scrub(u64::MAX);
+    assert_eq!(c.fs.scrub_counters.bad_pages.load(Ordering::Relaxed), 1);
+    assert_eq!(counter(&c, |k| &k.pages_repaired), 1);
+    let got = c.fs.read(ino, 0, 3 * 4096).unwrap();
+    assert!(got[4096 + 10..4096 + 110].iter().all(|&b| b == 5));
+    assert_eq!(got.iter().filter(|&&b| b == 4).count(), 3 * 4096 - 100);
+}
+
+#[test]
+fn copies_that_differ_in_a_page_without_a_sum_are_left_alone_and_counted() {
+    let c = Cluster::with_block_size(2, 2, 8, 64 << 10);
+    let ino = c.fs.create(ROOT_INO, "v".as_ref(), 0o644, ME).unwrap().ino;
+    c.fs.write(ino, 0, &[4u8; 2 * 4096]).unwrap();
+    c.fs.fsync(ino).unwrap();
+    c.fs.cache().invalidate(ino, 0);
+    c.fs.write(ino, 10, &[5u8; 10]).unwrap();
+    c.fs.fsync(ino).unwrap();
+    c.fs.cache().invalidate(ino, 0);
+    let copy = c.fs.ns.get(ino).unwrap().meta().blocks[&0].loc.replicas()[0];
+    damage(&c, &copy, 2000);
+    c.fs.scrub(u64::MAX);
+    assert_eq!(
+        c.fs.scrub_counters.unsettled_pages.load(Ordering::Relaxed),
+        1
+    );
+    assert_eq!(c.fs.scrub_counters.adopted_pages.load(Ordering::Relaxed), 0);
+    let inode = c.fs.ns.get(ino).unwrap();
+    assert_eq!(
+        inode.meta().blocks[&0].sums.known(),
+        1,
+        "page 0 stays unsummed"
+    );
+}

@@ -37,6 +37,10 @@ pub struct ScrubCounters {
     pub bytes: AtomicU64,
     /// Pages of copies found bad with the block locked.
     pub bad_pages: AtomicU64,
+    /// Pages without a sum that got one (every copy held the same bytes).
+    pub adopted_pages: AtomicU64,
+    /// Pages without a sum whose copies differ: neither can be judged.
+    pub unsettled_pages: AtomicU64,
 }
 
 /// A block to check: its copies and the sums of its pages, as of the look.
@@ -45,8 +49,15 @@ struct Look {
     expected: Vec<Option<u32>>,
 }
 
+impl Look {
+    /// Whether a page of the copies has no sum yet.
+    fn lacks_sums(&self) -> bool {
+        self.expected.iter().any(Option::is_none)
+    }
+}
+
 fn look(entry: &crate::inode::BlockEntry) -> Option<Look> {
-    (entry.written && entry.sums.known() > 0).then(|| Look {
+    entry.written.then(|| Look {
         loc: entry.loc.clone(),
         expected: entry.sums.expected(0, entry.loc.bytes() as usize),
     })
@@ -120,7 +131,7 @@ impl RmemFs {
         self.scrub_counters
             .bytes
             .fetch_add(spent, Ordering::Relaxed);
-        if suspect {
+        if suspect || look.lacks_sums() {
             let locked = self.cache.access(
                 self,
                 inode.ino,
@@ -138,8 +149,9 @@ impl RmemFs {
         spent
     }
 
-    /// With block `idx`'s page locked: reads every copy, and rewrites those whose
-    /// pages fail their sums from one that passes.
+    /// With block `idx`'s page locked: reads every copy, rewrites those whose pages
+    /// fail their sums from one that passes, and gives pages without a sum the sum of
+    /// the bytes every copy holds alike.
     fn check_copies_locked(&self, inode: &Inode, idx: u64) {
         let Some(look) = inode.meta().blocks.get(&idx).and_then(look) else {
             return;
@@ -148,15 +160,17 @@ impl RmemFs {
         let mut good: Option<Vec<u8>> = None;
         // Bad copies, with the offsets of their bad pages.
         let mut bad: Vec<(Replica, Vec<usize>)> = Vec::new();
+        // Every copy read whole, for pages without a sum.
+        let mut read: Vec<Vec<u8>> = Vec::new();
         for r in look.loc.replicas().iter().filter(|r| self.remote.holds(r)) {
             let mut buf = vec![0u8; len];
             if let Err(e) = self.remote.read_copy(*r, 0, &mut buf) {
                 log::warn!("scrub: reading block {idx} of inode {}: {e}", inode.ino);
-                continue;
+                return; // a copy unread: pages without a sum wait for a full look
             }
             let pages = sums::mismatches(0, &buf, &look.expected);
             match pages.first() {
-                None => good = good.or(Some(buf)),
+                None => good = good.or(Some(buf.clone())),
                 Some(&at) => {
                     self.remote.note_checksum_failure(*r, at);
                     self.scrub_counters
@@ -165,6 +179,7 @@ impl RmemFs {
                     bad.push((*r, pages));
                 }
             }
+            read.push(buf);
         }
         match (&good, bad.is_empty()) {
             (_, true) => {}
@@ -182,5 +197,56 @@ impl RmemFs {
                 inode.ino
             ),
         }
+        if bad.is_empty() && look.lacks_sums() {
+            self.adopt_sums(inode, idx, &look, &read);
+        }
+    }
+
+    /// Gives each page of block `idx` without a sum the sum of its bytes, where every
+    /// copy in `read` (all of them, none bad) holds the same bytes.
+    fn adopt_sums(&self, inode: &Inode, idx: u64, look: &Look, read: &[Vec<u8>]) {
+        let Some(first) = read.first() else { return };
+        let p = PAGE as usize;
+        let mut adopted = Vec::new();
+        let mut unsettled = 0;
+        for (k, _) in look
+            .expected
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_none())
+        {
+            let page = &first[k * p..(k + 1) * p];
+            if read[1..].iter().all(|c| &c[k * p..(k + 1) * p] == page) {
+                adopted.push((k * p, page));
+            } else {
+                unsettled += 1;
+            }
+        }
+        if unsettled > 0 {
+            log::warn!(
+                "scrub: the copies of block {idx} of inode {} differ in {unsettled} page(s) \
+                 that have no checksum: neither can be judged",
+                inode.ino
+            );
+            self.scrub_counters
+                .unsettled_pages
+                .fetch_add(unsettled, Ordering::Relaxed);
+        }
+        if adopted.is_empty() {
+            return;
+        }
+        let mut m = inode.meta();
+        let Some(entry) = m.blocks.get_mut(&idx).filter(|e| e.loc == look.loc) else {
+            return;
+        };
+        for (offset, page) in &adopted {
+            entry.sums.record(&sums::written(*offset, page));
+        }
+        m.block_changed(idx);
+        drop(m);
+        self.changed(inode);
+        self.scrub_counters
+            .adopted_pages
+            .fetch_add(adopted.len() as u64, Ordering::Relaxed);
     }
 }

@@ -16,8 +16,31 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Turns a block's entry into its record (the volume knows the member slots).
-pub type BlockEncoder<'a> = &'a dyn Fn(Ino, u64, &BlockEntry) -> Record;
+/// Turns a block's entry into its record (the volume knows the member slots); the
+/// flag says whether its page sums go in (not while a write-back of the file may be
+/// changing the pages: see `volume/mod.rs`, "Page sums in the log").
+pub type BlockEncoder<'a> = &'a dyn Fn(Ino, u64, &BlockEntry, bool) -> Record;
+
+/// The records of `m`'s blocks `indexes` (a gone one as such); notes in `m` whether
+/// the log now holds sums of them.
+fn block_records(
+    ino: Ino,
+    m: &mut Meta,
+    indexes: impl IntoIterator<Item = u64>,
+    encode: BlockEncoder<'_>,
+    out: &mut Vec<Record>,
+) {
+    let with_sums = m.writebacks == 0;
+    for index in indexes {
+        out.push(match m.blocks.get(&index) {
+            Some(e) => {
+                m.sums_logged |= with_sums && e.sums.known() > 0;
+                encode(ino, index, e, with_sums)
+            }
+            None => Record::BlockGone { ino, index },
+        });
+    }
+}
 
 fn kind_code(k: FileKind) -> u8 {
     match k {
@@ -191,12 +214,7 @@ impl Namespace {
         }
         out.extend(inode_records(&m));
         let changed = m.dirty_blocks.as_mut().map(std::mem::take);
-        for index in changed.into_iter().flatten() {
-            out.push(match m.blocks.get(&index) {
-                Some(e) => encode(ino, index, e),
-                None => Record::BlockGone { ino, index },
-            });
-        }
+        block_records(ino, &mut m, changed.into_iter().flatten(), encode, out);
     }
 
     /// A commit's view: with structural changes held off, runs `take` (which takes the
@@ -237,9 +255,10 @@ impl Namespace {
                 continue; // deleted, only still open: nothing to bring back
             }
             out.extend(inode_records(&m));
-            for (&index, e) in &m.blocks {
-                out.push(encode(inode.ino, index, e));
-            }
+            // A checkpoint replaces the log: sums in it are all that stands.
+            m.sums_logged = false;
+            let indexes: Vec<u64> = m.blocks.keys().copied().collect();
+            block_records(inode.ino, &mut m, indexes, encode, &mut out);
         }
         let mut dirs: Vec<(&Ino, &Dir)> = tree.iter().collect();
         dirs.sort_unstable_by_key(|(i, _)| **i);
@@ -289,6 +308,7 @@ impl Namespace {
                     .collect::<BTreeMap<_, _>>();
                 m.recount_allocated();
                 m.dirty_blocks = Some(Default::default());
+                m.sums_logged = m.blocks.values().any(|e| e.sums.known() > 0);
             }
             inodes.insert(ino, Arc::new(inode));
         }

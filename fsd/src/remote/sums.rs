@@ -4,8 +4,10 @@
 //! Pages, not blocks, because fsd reads and writes blocks in part (the sectors a
 //! random read needs, the dirty sectors of a page): a page's sum is known from the
 //! bytes written to it alone, and a read of some pages is checked without the rest.
-//! A page whose sum is not known (`None`: a block brought in from a volume, whose
-//! sums are not kept there yet) is read unchecked until fsd writes it.
+//! A page whose sum is not known (`None`: written in part, or brought in from a
+//! volume whose log could not vouch for it after a crash) is read unchecked until
+//! fsd writes it whole. A durable volume keeps the sums in its block records
+//! ([`Sums::stored`], [`Sums::from_stored`]).
 
 use super::PAGE;
 
@@ -112,6 +114,22 @@ impl Sums {
     pub fn known(&self) -> usize {
         self.0.iter().filter(|s| s.is_some()).count()
     }
+
+    /// The sums as a volume's block record keeps them: one per page from the first,
+    /// up to the last known one.
+    pub fn stored(&self) -> Vec<Option<u32>> {
+        let end = self
+            .0
+            .iter()
+            .rposition(Option::is_some)
+            .map_or(0, |p| p + 1);
+        self.0[..end].to_vec()
+    }
+
+    /// The sums a volume's block record kept.
+    pub fn from_stored(sums: Vec<Option<u32>>) -> Sums {
+        Sums(sums)
+    }
 }
 
 #[cfg(test)]
@@ -175,6 +193,16 @@ mod tests {
         // Page 1 rewritten whole keeps its sum; page 0 gains one.
         sums.record(&written(0, &vec![4u8; P]));
         assert_eq!(sums.known(), 2);
+    }
+
+    #[test]
+    fn stored_sums_end_at_the_last_known_page_and_come_back_the_same() {
+        let mut sums = recorded(P, &[5u8; P]);
+        sums.0.resize(5, None);
+        assert_eq!(sums.stored(), vec![None, Some(page_sum(&[5u8; P]))]);
+        let back = Sums::from_stored(sums.stored());
+        assert_eq!(back.expected(0, 5 * P), sums.expected(0, 5 * P));
+        assert!(Sums::default().stored().is_empty());
     }
 
     #[test]

@@ -13,14 +13,21 @@
 //! corrupted entry is never applied as valid. Decoding never panics on any input: the
 //! bytes come from remote memory that a bug or another process may have scribbled on.
 //!
-//! Made for what comes next without a second format: a block record carries the
-//! length of its remote allocation (today the block size; smaller allocation classes
-//! for small files can use less) and a checksum slot for end-to-end integrity.
+//! A block record carries the length of its remote allocation (whole 4 KiB pages, as
+//! small files take them) and the crc32c of each of its pages that fsd knows
+//! (`remote/sums.rs`). Version 1 had one 32-bit checksum slot per block, always
+//! zero; version 2 reads that word as the number of page sums after the copies, so a
+//! version 1 record is a version 2 record with no sums, and fsd reads both. A page's
+//! logged sum is only as new as the commit that wrote it: before a block whose sums
+//! are in the log is written again, fsd logs [`Record::SumsStale`] for it (see
+//! `volume/mod.rs`), so after a crash its pages are taken as unchecked, never as bad.
 
 use thiserror::Error;
 
-/// Bumped whenever a layout below changes; a volume of another version is refused.
-pub const FORMAT_VERSION: u32 = 1;
+/// Bumped whenever a layout below changes. This fsd writes this version.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest version this fsd reads (a mount rewrites it as [`FORMAT_VERSION`]).
+pub const OLDEST_READABLE_VERSION: u32 = 1;
 
 const SUPERBLOCK_MAGIC: &[u8; 8] = b"RMEMFSSB";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"RMEMFSCP";
@@ -43,7 +50,10 @@ pub enum FormatError {
     Truncated { needed: usize, have: usize },
     #[error("bad magic")]
     Magic,
-    #[error("format version {0} is not supported (this fsd reads version {FORMAT_VERSION})")]
+    #[error(
+        "format version {0} is not supported (this fsd reads versions \
+         {OLDEST_READABLE_VERSION} to {FORMAT_VERSION})"
+    )]
     Version(u32),
     #[error("checksum mismatch")]
     Checksum,
@@ -87,7 +97,6 @@ pub struct StoredCopy {
 
 /// The block record's flags.
 pub const BLOCK_WRITTEN: u8 = 1;
-pub const BLOCK_HAS_CRC: u8 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredBlock {
@@ -96,8 +105,9 @@ pub struct StoredBlock {
     pub flags: u8,
     /// Bytes of the remote allocation each copy has.
     pub alloc_len: u32,
-    /// crc32c of the block's content, when `BLOCK_HAS_CRC` is set.
-    pub crc: u32,
+    /// crc32c of each page of the copies from the first (`None`: not known); at most
+    /// one per page of `alloc_len`, and none past the last known one.
+    pub sums: Vec<Option<u32>>,
     pub copies: Vec<StoredCopy>,
 }
 
@@ -117,6 +127,11 @@ pub enum Record {
         xattrs: Vec<(Vec<u8>, Vec<u8>)>,
     },
     Block(StoredBlock),
+    /// The pages of file `ino` may hold bytes newer than the sums the log gave them
+    /// (fsd is about to write some back): none of its blocks' sums so far count.
+    SumsStale {
+        ino: u64,
+    },
     BlockGone {
         ino: u64,
         index: u64,
@@ -162,6 +177,7 @@ const R_DIR_ADD: u8 = 8;
 const R_DIR_REMOVE: u8 = 9;
 const R_DIR_NEXT_COOKIE: u8 = 10;
 const R_NEXT_INO: u8 = 11;
+const R_SUMS_STALE: u8 = 12;
 
 /// Longest name, target, xattr name or value a record may hold.
 const MAX_FIELD: usize = 1 << 20;
@@ -198,6 +214,19 @@ impl Writer {
     fn time(&mut self, t: Time) {
         self.u64(t.secs as u64);
         self.u32(t.nanos);
+    }
+    /// Page sums: a bitmap of the known ones (bit k of byte k / 8), then those sums.
+    fn page_sums(&mut self, sums: &[Option<u32>]) {
+        let mut bits = vec![0u8; sums.len().div_ceil(8)];
+        for (k, s) in sums.iter().enumerate() {
+            if s.is_some() {
+                bits[k / 8] |= 1 << (k % 8);
+            }
+        }
+        self.buf.extend_from_slice(&bits);
+        for s in sums.iter().flatten() {
+            self.u32(*s);
+        }
     }
 
     /// Appends one record: type, body length, body.
@@ -240,13 +269,24 @@ impl Writer {
                 self.u64(b.index);
                 self.u8(b.flags);
                 self.u32(b.alloc_len);
-                self.u32(b.crc);
+                // Trailing unknown sums say nothing: not stored.
+                let summed = b
+                    .sums
+                    .iter()
+                    .rposition(Option::is_some)
+                    .map_or(0, |p| p + 1);
+                self.u32(summed as u32);
                 self.u8(b.copies.len() as u8);
                 for c in &b.copies {
                     self.u16(c.slot);
                     self.u64(c.addr);
                 }
+                self.page_sums(&b.sums[..summed]);
                 R_BLOCK
+            }
+            Record::SumsStale { ino } => {
+                self.u64(*ino);
+                R_SUMS_STALE
             }
             Record::BlockGone { ino, index } => {
                 self.u64(*ino);
@@ -354,6 +394,29 @@ impl<'a> Reader<'a> {
         }
         Ok(Time { secs, nanos })
     }
+    /// `n` page sums as [`Writer::page_sums`] lays them out; the last must be known
+    /// (one encoding per list, so a record re-encodes to its own bytes).
+    fn page_sums(&mut self, n: usize) -> Result<Vec<Option<u32>>, FormatError> {
+        let bits = self.take(n.div_ceil(8))?;
+        let known = |k: usize| bits[k / 8] & (1 << (k % 8)) != 0;
+        // Bits past the n-th must be clear.
+        let spare = match (n % 8, bits.last()) {
+            (0, _) | (_, None) => 0,
+            (used, Some(last)) => last >> used,
+        };
+        if n > 0 && (!known(n - 1) || spare != 0) {
+            return Err(FormatError::BadField("page sums"));
+        }
+        (0..n)
+            .map(|k| {
+                if known(k) {
+                    self.u32().map(Some)
+                } else {
+                    Ok(None)
+                }
+            })
+            .collect()
+    }
 
     /// Reads one record; its body must be consumed exactly.
     pub fn record(&mut self) -> Result<Record, FormatError> {
@@ -403,7 +466,7 @@ impl<'a> Reader<'a> {
                 let ino = r.u64()?;
                 let index = r.u64()?;
                 let flags = r.u8()?;
-                if flags & !(BLOCK_WRITTEN | BLOCK_HAS_CRC) != 0 {
+                if flags & !BLOCK_WRITTEN != 0 {
                     return Err(FormatError::BadField("block flags"));
                 }
                 let alloc_len = r.u32()?;
@@ -411,7 +474,10 @@ impl<'a> Reader<'a> {
                 if alloc_len == 0 || alloc_len % 4096 != 0 || alloc_len > 16 << 20 {
                     return Err(FormatError::BadField("block allocation length"));
                 }
-                let crc = r.u32()?;
+                let summed = r.u32()? as usize;
+                if summed > alloc_len as usize / 4096 {
+                    return Err(FormatError::BadField("page sums"));
+                }
                 let n = r.u8()? as usize;
                 if n > MAX_COPIES {
                     return Err(FormatError::BadField("copies"));
@@ -423,15 +489,17 @@ impl<'a> Reader<'a> {
                         addr: r.u64()?,
                     });
                 }
+                let sums = r.page_sums(summed)?;
                 Record::Block(StoredBlock {
                     ino,
                     index,
                     flags,
                     alloc_len,
-                    crc,
+                    sums,
                     copies,
                 })
             }
+            R_SUMS_STALE => Record::SumsStale { ino: r.u64()? },
             R_BLOCK_GONE => Record::BlockGone {
                 ino: r.u64()?,
                 index: r.u64()?,
@@ -601,6 +669,9 @@ pub struct Superblock {
     pub log: Option<Area>,
     /// Member slot -> memnode id (0: no memnode in that slot this generation).
     pub members: Vec<u64>,
+    /// The format version it was written in (encoding always writes
+    /// [`FORMAT_VERSION`]).
+    pub version: u32,
 }
 
 impl Superblock {
@@ -668,9 +739,7 @@ impl Superblock {
         if crc(&slot[..covered]) != stored {
             return Err(FormatError::Checksum);
         }
-        if version != FORMAT_VERSION {
-            return Err(FormatError::Version(version));
-        }
+        check_version(version)?;
         Ok(Some(Superblock {
             volume_id,
             generation,
@@ -679,7 +748,16 @@ impl Superblock {
             checkpoint: (has_ck != 0).then_some((ck, ck_crc)),
             log: (has_log != 0).then_some(log),
             members,
+            version,
         }))
+    }
+}
+
+fn check_version(version: u32) -> Result<(), FormatError> {
+    if (OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&version) {
+        Ok(())
+    } else {
+        Err(FormatError::Version(version))
     }
 }
 
@@ -718,10 +796,7 @@ pub fn decode_checkpoint(bytes: &[u8], generation: u64) -> Result<Vec<Record>, F
     if crc(&head[..CHECKPOINT_HEADER - 4]) != stored_head_crc {
         return Err(FormatError::Checksum);
     }
-    let version = r.u32()?;
-    if version != FORMAT_VERSION {
-        return Err(FormatError::Version(version));
-    }
+    check_version(r.u32()?)?;
     r.u32()?;
     if r.u64()? != generation {
         return Err(FormatError::BadField("checkpoint generation"));

@@ -39,7 +39,17 @@ fn every_record() -> Vec<Record> {
             index: 3,
             flags: BLOCK_WRITTEN,
             alloc_len: 65536,
-            crc: 0xdead_beef,
+            sums: vec![
+                Some(0xdead_beef),
+                None,
+                None,
+                Some(7),
+                None,
+                None,
+                None,
+                None,
+                Some(0),
+            ],
             copies: vec![
                 StoredCopy {
                     slot: 0,
@@ -51,6 +61,7 @@ fn every_record() -> Vec<Record> {
                 },
             ],
         }),
+        Record::SumsStale { ino: 7 },
         Record::BlockGone { ino: 7, index: 9 },
         Record::InodeGone { ino: 8 },
         Record::Dir { ino: 2, parent: 1 },
@@ -150,6 +161,7 @@ fn a_superblock_round_trips_and_any_flipped_byte_is_caught() {
             len: 8 << 20,
         }),
         members: vec![11, 0, 13],
+        version: FORMAT_VERSION,
     };
     let mut slot = sb.encode();
     slot.resize(SUPERBLOCK_SLOT, 0);
@@ -178,6 +190,116 @@ fn a_checkpoint_checks_its_generation_and_every_byte() {
         );
     }
     assert!(decode_checkpoint(&ck[..ck.len() - 1], 5).is_err());
+}
+
+/// A version 1 block record: the checksum word that version always wrote as zero.
+fn v1_block_record() -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&7u64.to_le_bytes());
+    body.extend_from_slice(&3u64.to_le_bytes());
+    body.push(BLOCK_WRITTEN);
+    body.extend_from_slice(&65536u32.to_le_bytes());
+    body.extend_from_slice(&0u32.to_le_bytes());
+    body.push(1);
+    body.extend_from_slice(&2u16.to_le_bytes());
+    body.extend_from_slice(&4096u64.to_le_bytes());
+    let mut rec = vec![4u8];
+    rec.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    rec.extend_from_slice(&body);
+    rec
+}
+
+#[test]
+fn a_version_1_block_record_reads_as_one_without_sums() {
+    let decoded = decode_records(&v1_block_record()).expect("a version 1 record decodes");
+    assert_eq!(
+        decoded,
+        vec![Record::Block(StoredBlock {
+            ino: 7,
+            index: 3,
+            flags: BLOCK_WRITTEN,
+            alloc_len: 65536,
+            sums: Vec::new(),
+            copies: vec![StoredCopy {
+                slot: 2,
+                addr: 4096
+            }],
+        })]
+    );
+    assert_eq!(
+        encode_records(&decoded),
+        v1_block_record(),
+        "and is written the same"
+    );
+}
+
+#[test]
+fn page_sums_are_checked_against_the_allocation_and_their_bitmap() {
+    let block = |alloc_len: u32, sums: Vec<Option<u32>>| {
+        encode_records(&[Record::Block(StoredBlock {
+            ino: 1,
+            index: 0,
+            flags: BLOCK_WRITTEN,
+            alloc_len,
+            sums,
+            copies: Vec::new(),
+        })])
+    };
+    // Trailing unknown sums are not stored.
+    let trimmed = decode_records(&block(16384, vec![Some(1), None, None])).unwrap();
+    assert!(matches!(&trimmed[0], Record::Block(b) if b.sums == vec![Some(1)]));
+    // More sums than pages.
+    assert_eq!(
+        decode_records(&block(4096, vec![Some(1), Some(2)])),
+        Err(FormatError::BadField("page sums"))
+    );
+    // A bitmap bit past the count, and a count whose last sum is not known.
+    let good = block(65536, vec![Some(1), None, Some(3)]);
+    let bits_at = good.len() - 9;
+    let mut bad = good.clone();
+    bad[bits_at] |= 0x80;
+    assert!(decode_records(&bad).is_err());
+    let mut bad = good.clone();
+    bad[bits_at] &= !0x04;
+    assert!(decode_records(&bad).is_err());
+}
+
+#[test]
+fn versions_1_and_2_are_read_and_others_refused() {
+    let mut sb = Superblock {
+        volume_id: 1,
+        generation: 2,
+        block_size: 65536,
+        first_seq: 1,
+        checkpoint: None,
+        log: None,
+        members: vec![5],
+        version: FORMAT_VERSION,
+    };
+    let encoded = sb.encode();
+    let with_version = |v: u32| {
+        let mut bytes = encoded.clone();
+        bytes[8..12].copy_from_slice(&v.to_le_bytes());
+        let len = bytes.len() - 4;
+        let c = crc(&bytes[..len]);
+        bytes[len..].copy_from_slice(&c.to_le_bytes());
+        bytes
+    };
+    sb.version = 1;
+    assert_eq!(Superblock::decode(&with_version(1)), Ok(Some(sb.clone())));
+    assert_eq!(
+        Superblock::decode(&with_version(3)),
+        Err(FormatError::Version(3))
+    );
+    assert_eq!(
+        Superblock::decode(&with_version(0)),
+        Err(FormatError::Version(0))
+    );
+    let mut ck = encode_checkpoint(4, &v1_block_record());
+    ck[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let head_crc = crc(&ck[..CHECKPOINT_HEADER - 4]);
+    ck[CHECKPOINT_HEADER - 4..CHECKPOINT_HEADER].copy_from_slice(&head_crc.to_le_bytes());
+    assert_eq!(decode_checkpoint(&ck, 4).map(|r| r.len()), Ok(1));
 }
 
 proptest! {

@@ -74,6 +74,13 @@ impl Image {
                 }
                 None => self.anomaly(format!("block {} of missing inode {}", b.index, b.ino)),
             },
+            Record::SumsStale { ino } => {
+                if let Some(i) = self.inodes.get_mut(&ino) {
+                    for b in i.blocks.values_mut() {
+                        b.sums.clear();
+                    }
+                }
+            }
             Record::BlockGone { ino, index } => {
                 if let Some(i) = self.inodes.get_mut(&ino) {
                     i.blocks.remove(&index);
@@ -284,7 +291,7 @@ mod tests {
             index,
             flags: 1,
             alloc_len: 4096,
-            crc: 0,
+            sums: Vec::new(),
             copies: vec![StoredCopy { slot: 0, addr }],
         })
     }

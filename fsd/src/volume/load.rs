@@ -15,6 +15,7 @@ use super::image::Image;
 use super::journal::Journal;
 use crate::inode::BlockEntry;
 use crate::namespace::Namespace;
+use crate::remote::sums::Sums;
 use crate::remote::{BlockLoc, RemoteError, RemoteStore};
 use rmemfs_common::fabric::RemoteAddr;
 use rmemfs_common::protocol::Allocation;
@@ -41,6 +42,8 @@ pub struct Loaded {
     pub volume: String,
     pub volume_id: u64,
     pub generation: u64,
+    /// The format version of its newest superblock.
+    pub version: u32,
     /// Sequence number the next log entry takes.
     pub next_seq: u64,
     pub image: Image,
@@ -100,6 +103,18 @@ fn read_superblock(
             root.addr + (slot * SUPERBLOCK_SLOT) as u64
         )
     };
+    // A slot that is whole but of a format this fsd does not know was written by a
+    // newer fsd: the other slot is older, not a fallback.
+    for (slot, r) in [(0, &a), (1, &b)] {
+        if let Err(e @ super::format::FormatError::Version(_)) = r {
+            return (
+                Err(format!(
+                    "superblock slot {slot} was written by another fsd version: {e}"
+                )),
+                None,
+            );
+        }
+    }
     match (a, b) {
         (Ok(a), Ok(b)) => (
             Ok(match (a, b) {
@@ -267,6 +282,7 @@ pub fn load(remote: &RemoteStore, volume: &str) -> Result<Option<Loaded>, Volume
         volume: volume.to_string(),
         volume_id: head.volume_id,
         generation: newest,
+        version: head.version,
         next_seq,
         image,
         log_entries,
@@ -456,13 +472,26 @@ impl Loaded {
     /// The live namespace (after [`Loaded::reclaim`]).
     pub fn into_namespace(self, remote: &RemoteStore, journal: Arc<Journal>) -> Namespace {
         // A written block with no copy left keeps its entry: reading it fails (EIO)
-        // rather than returning zeros as if it were a hole. Page sums are not kept on
-        // the volume yet: its pages are read unchecked until rewritten.
+        // rather than returning zeros as if it were a hole. Pages from a file's end
+        // on keep no sum: the mount zeroes them (`zero_past_eof`).
+        let bs = remote.block_size();
+        let sizes: HashMap<u64, u64> = self
+            .image
+            .inodes
+            .iter()
+            .map(|(&ino, i)| (ino, i.attr.size))
+            .collect();
         Namespace::from_image(self.image.clone(), journal, &|b| {
+            let mut sums = Sums::from_stored(b.sums.clone());
+            let end = sizes.get(&b.ino).copied().unwrap_or(0);
+            let start = b.index.saturating_mul(bs);
+            if end < start.saturating_add(bs) {
+                sums.truncate(end.saturating_sub(start));
+            }
             Some(BlockEntry {
                 loc: self.resolve(remote, b),
                 written: b.flags & BLOCK_WRITTEN != 0,
-                sums: Default::default(),
+                sums,
             })
         })
     }

@@ -43,6 +43,24 @@
 //! The allocator's state is not logged: it is what the memnodes list as the volume's
 //! chunks, less the blocks the namespace references, worked out at mount.
 //!
+//! # Page sums in the log
+//!
+//! A block record carries the crc32c of each page of its copies that fsd knows
+//! (`remote/sums.rs`), so a mounted volume checks what it reads as a running one
+//! does. Pages are written in place, so a sum in the log is only as new as the
+//! commit that wrote it; a crash after a later write-back would leave the page newer
+//! than its sum, and a good page must never read as a bad one. So before a file
+//! whose sums the log holds is written back again, fsd appends a
+//! [`Record::SumsStale`] for it ([`Volume::sums_stale`]), durable before the data
+//! moves; replaying it drops the file's sums until a later record gives them
+//! again. A commit logs a file's blocks with sums only while none of its write-backs
+//! is under way (`Meta::writebacks`), and notes that the log now holds sums
+//! (`Meta::sums_logged`): the next write-back logs the next `SumsStale`. Both steps
+//! run under the volume's state lock, so a `SumsStale` always lands after the
+//! commit it undoes. One per file and commit interval, not per block, keeps the log
+//! small under random writes to a large file; what a crash costs is that file's
+//! sums until its pages are next written.
+//!
 //! # One writer
 //!
 //! The memnodes let one client hold a volume at a time (a lease kept alive by fsd's
@@ -57,6 +75,7 @@ mod load;
 
 use crate::inode::{BlockEntry, Ino};
 use crate::namespace::Namespace;
+use crate::remote::sums;
 use crate::remote::{BlockLoc, RemoteError, RemoteStore};
 use format::{
     encode_checkpoint, encode_entry, encode_records, Area, Record, StoredBlock, StoredCopy,
@@ -72,6 +91,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// Bytes of each metadata copy's log: when a commit does not fit, a checkpoint
 /// starts a new generation instead.
 pub const LOG_BYTES: u64 = 8 << 20;
+/// The end of the log that commits leave to [`Volume::sums_stale`], which can log
+/// there without a checkpoint when commits have filled the rest.
+const STALE_RESERVE: u64 = 1 << 20;
 
 /// Where one memnode holds this generation's checkpoint and log.
 #[derive(Debug, Clone, Copy)]
@@ -93,6 +115,9 @@ struct State {
     tail: u64,
     /// A commit failed or a copy was lost: the next commit is a checkpoint.
     need_checkpoint: bool,
+    /// The volume was read in an older format: the next checkpoint's superblock goes
+    /// to both slots.
+    upgrade: bool,
 }
 
 pub struct Volume {
@@ -122,8 +147,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A block entry as stored: its copies on this generation's members only.
-fn encode_block(members: &[Option<(u32, u64)>], ino: Ino, index: u64, e: &BlockEntry) -> Record {
+/// A block entry as stored: its copies on this generation's members only, and its
+/// page sums when `with_sums`.
+fn encode_block(
+    members: &[Option<(u32, u64)>],
+    ino: Ino,
+    index: u64,
+    e: &BlockEntry,
+    with_sums: bool,
+) -> Record {
     let copies = e
         .loc
         .replicas()
@@ -145,7 +177,11 @@ fn encode_block(members: &[Option<(u32, u64)>], ino: Ino, index: u64, e: &BlockE
         index,
         flags: if e.written { BLOCK_WRITTEN } else { 0 },
         alloc_len: e.loc.bytes() as u32,
-        crc: 0,
+        sums: if with_sums && e.written {
+            e.sums.stored()
+        } else {
+            Vec::new()
+        },
         copies,
     })
 }
@@ -183,8 +219,13 @@ fn zero_past_eof(ns: &Namespace, remote: &RemoteStore) -> Result<usize, VolumeEr
             m.block_changed(i);
         }
         if size % bs != 0 {
-            if let Some(e) = m.blocks.get(&(size / bs)).filter(|e| e.written) {
-                tails.push((e.loc.clone(), (size % bs) as usize));
+            if let Some(e) = m.blocks.get_mut(&(size / bs)).filter(|e| e.written) {
+                let from = (size % bs) as usize;
+                tails.push((e.loc.clone(), from));
+                // The whole pages past the end are zeros now; the one the end is in
+                // has no sum (load dropped it).
+                e.sums.record(&sums::written(from, &zeros[from..]));
+                e.sums.truncate(e.loc.bytes());
             }
         }
     }
@@ -216,6 +257,7 @@ impl Volume {
         let journal = Arc::new(Journal::default());
         let loaded = load::load(&remote, name)?;
         let mut report = MountReport::default();
+        let mut upgrade = false;
         let (ns, volume_id, generation, next_seq, old) = match loaded {
             None if remote.nodes_up() < remote.node_count() => {
                 // The memnodes that answered hold no metadata of it; the ones away
@@ -241,6 +283,14 @@ impl Volume {
                 report.inodes = l.image.inodes.len();
                 let old = l.metadata.clone();
                 let (generation, next_seq, volume_id) = (l.generation, l.next_seq, l.volume_id);
+                if l.version < format::FORMAT_VERSION {
+                    log::info!(
+                        "volume {name}: format version {} is rewritten as version {}",
+                        l.version,
+                        format::FORMAT_VERSION
+                    );
+                    upgrade = true;
+                }
                 let ns = l.into_namespace(&remote, journal.clone());
                 report.tails_zeroed = zero_past_eof(&ns, &remote)?;
                 (ns, volume_id, generation, next_seq, old)
@@ -258,6 +308,7 @@ impl Volume {
                 copies: Vec::new(),
                 tail: 0,
                 need_checkpoint: true,
+                upgrade,
             }),
             closed: Default::default(),
         });
@@ -300,8 +351,8 @@ impl Volume {
             return self.checkpoint_locked(&mut st, ns, frees);
         }
         let members = st.members.clone();
-        let (entries, dirty) = ns.commit_records(|| self.journal.take(), &|ino, idx, e| {
-            encode_block(&members, ino, idx, e)
+        let (entries, dirty) = ns.commit_records(|| self.journal.take(), &|ino, idx, e, sums| {
+            encode_block(&members, ino, idx, e, sums)
         });
         let mut bytes = Vec::new();
         let mut seq = st.next_seq;
@@ -317,17 +368,52 @@ impl Volume {
             self.remote.free_blocks(frees);
             return Ok(());
         }
-        if st.tail + bytes.len() as u64 > LOG_BYTES {
+        if st.tail + bytes.len() as u64 > LOG_BYTES - STALE_RESERVE {
             // The log is full: the checkpoint covers what these entries say.
             return self.checkpoint_locked(&mut st, ns, frees);
         }
+        if let Err(e) = self.append_locked(&mut st, &bytes, seq) {
+            self.journal.return_frees(frees);
+            return Err(e);
+        }
+        drop(st);
+        self.remote.free_blocks(frees);
+        Ok(())
+    }
+
+    /// Logs that the page sums the log holds for files `inos` may go stale: fsd is
+    /// about to write their blocks back (see "Page sums in the log"). Returns once
+    /// that is durable; when the log has no room, a checkpoint does it instead (it
+    /// logs no sums for files being written back).
+    pub fn sums_stale(&self, ns: &Namespace, inos: &[Ino]) -> Result<(), VolumeError> {
+        let records: Vec<Record> = inos.iter().map(|&ino| Record::SumsStale { ino }).collect();
+        let mut st = lock(&self.state);
+        let bytes = encode_entry(st.next_seq, &encode_records(&records));
+        if st.need_checkpoint
+            || self.membership_changed(&st)
+            || st.tail + bytes.len() as u64 > LOG_BYTES
+        {
+            return self.checkpoint_locked(&mut st, ns, Vec::new());
+        }
+        let seq = st.next_seq + 1;
+        self.append_locked(&mut st, &bytes, seq)
+    }
+
+    /// Writes `bytes` (whole log entries, numbered up to `next_seq`) at the log's
+    /// tail on every metadata copy; durable once one copy took them.
+    fn append_locked(
+        &self,
+        st: &mut State,
+        bytes: &[u8],
+        next_seq: u64,
+    ) -> Result<(), VolumeError> {
         let mut written = 0;
         for c in st.copies.clone() {
             let at = RemoteAddr {
                 addr: c.log.addr + st.tail,
                 rkey: c.log.rkey,
             };
-            match self.remote.write_at(c.node, at, &bytes) {
+            match self.remote.write_at(c.node, at, bytes) {
                 Ok(()) => written += 1,
                 Err(e) if e.is_fenced() => {
                     log::error!(
@@ -351,16 +437,13 @@ impl Volume {
         if written == 0 {
             // Nothing durable: the next commit writes everything as a checkpoint.
             st.need_checkpoint = true;
-            self.journal.return_frees(frees);
             return Err(VolumeError::NoCopy(format!(
                 "no memnode took the log of volume {}",
                 self.name
             )));
         }
         st.tail += bytes.len() as u64;
-        st.next_seq = seq;
-        drop(st);
-        self.remote.free_blocks(frees);
+        st.next_seq = next_seq;
         Ok(())
     }
 
@@ -389,7 +472,7 @@ impl Volume {
             || {
                 self.journal.take();
             },
-            &|ino, idx, e| encode_block(&members, ino, idx, e),
+            &|ino, idx, e, sums| encode_block(&members, ino, idx, e, sums),
         );
         let generation = st.generation + 1;
         let checkpoint = encode_checkpoint(generation, &encode_records(&records));
@@ -435,19 +518,31 @@ impl Volume {
                 len: c.log.len,
             }),
             members: members.iter().map(|m| m.map_or(0, |(_, id)| id)).collect(),
+            version: format::FORMAT_VERSION,
         };
-        let slot = (generation % 2) as usize * SUPERBLOCK_SLOT;
+        // Generations alternate between the slots; a volume of an older format gets
+        // the new superblock in both, so an older fsd finds none it would take for
+        // valid (the other slot would be an older generation, its chunks freed).
+        let slots: &[usize] = if st.upgrade {
+            &[(generation % 2) as usize, (generation as usize + 1) % 2]
+        } else {
+            &[(generation % 2) as usize]
+        };
         let mut durable = Vec::new();
         for node in (0..nodes).filter(|&i| members[i].is_some()) {
             let copy = copies.iter().find(|c| c.node == node);
             let Some(root) = self.remote.volume_root(node) else {
                 continue;
             };
-            let at = RemoteAddr {
-                addr: root.addr + slot as u64,
-                rkey: root.rkey,
-            };
-            match self.remote.write_at(node, at, &sb(copy).encode()) {
+            let bytes = sb(copy).encode();
+            let written = slots.iter().try_for_each(|slot| {
+                let at = RemoteAddr {
+                    addr: root.addr + (slot * SUPERBLOCK_SLOT) as u64,
+                    rkey: root.rkey,
+                };
+                self.remote.write_at(node, at, &bytes)
+            });
+            match written {
                 Ok(()) => {
                     if let Some(c) = copy {
                         durable.push(*c);
@@ -497,6 +592,7 @@ impl Volume {
         st.generation = generation;
         st.members = members;
         st.tail = 0;
+        st.upgrade = false;
         st.need_checkpoint = st.copies.len() < want.min(self.remote.nodes_up());
         self.remote.free_blocks(frees);
         Ok(())

@@ -19,7 +19,7 @@ fn a_block_stores_only_the_copies_of_this_generations_members() {
         written: true,
         sums: Default::default(),
     };
-    let Record::Block(b) = encode_block(&members, 5, 9, &e) else {
+    let Record::Block(b) = encode_block(&members, 5, 9, &e, true) else {
         panic!("not a block record");
     };
     assert_eq!(b.flags, BLOCK_WRITTEN);
@@ -33,5 +33,40 @@ fn a_block_stores_only_the_copies_of_this_generations_members() {
             },
             StoredCopy { slot: 2, addr: 0 }
         ]
+    );
+}
+
+#[test]
+fn a_block_stores_its_known_page_sums_only_when_asked_and_when_written() {
+    let loc = BlockLoc::from_replicas(
+        16384,
+        [Replica {
+            node: 0,
+            epoch: 0,
+            remote: RemoteAddr { addr: 0, rkey: 1 },
+        }],
+    );
+    let mut sums = crate::remote::sums::Sums::default();
+    sums.record(&crate::remote::sums::written(4096, &[7u8; 4096]));
+    let mut e = BlockEntry {
+        loc,
+        written: true,
+        sums,
+    };
+    let members = vec![Some((0, 11))];
+    let stored = |e: &BlockEntry, with: bool| match encode_block(&members, 5, 0, e, with) {
+        Record::Block(b) => b.sums,
+        _ => panic!("not a block record"),
+    };
+    let one = crc32c::crc32c(&[7u8; 4096]);
+    assert_eq!(stored(&e, true), vec![None, Some(one)]);
+    assert!(
+        stored(&e, false).is_empty(),
+        "no sums while a write-back may change the pages"
+    );
+    e.written = false;
+    assert!(
+        stored(&e, true).is_empty(),
+        "an unwritten block has no bytes to sum"
     );
 }

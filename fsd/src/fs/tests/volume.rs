@@ -6,6 +6,7 @@
 use super::*;
 use crate::remote::VolumeSpec;
 use crate::volume::admin;
+use crate::volume::format::FORMAT_VERSION;
 use crate::volume::Volume;
 use std::collections::BTreeMap;
 
@@ -329,4 +330,198 @@ fn bytes_written_past_an_end_that_a_crash_rolled_back_never_show_when_the_file_g
         "uncommitted bytes showed at {stale:?} past the end"
     );
     fs.shutdown();
+}
+
+/// Flips a byte of the first copy of block `index` of `ino` in remote memory, behind
+/// fsd's back, and drops the file from the cache.
+fn damage_block(fs: &RmemFs, ino: Ino, index: u64, at: usize) {
+    let copy = fs.ns.get(ino).unwrap().meta().blocks[&index].loc.replicas()[0];
+    let remote = copy.remote.offset(at);
+    let mut byte = [0u8; 1];
+    fs.remote()
+        .read_at(copy.node as usize, remote, &mut byte)
+        .unwrap();
+    byte[0] ^= 0x10;
+    fs.remote()
+        .write_at(copy.node as usize, remote, &byte)
+        .unwrap();
+    fs.cache().invalidate(ino, 0);
+}
+
+fn checksum_failures(fs: &RmemFs) -> u64 {
+    fs.remote()
+        .counters
+        .checksum_failures
+        .load(Ordering::Relaxed)
+}
+
+fn known_sums(fs: &RmemFs, ino: Ino) -> usize {
+    let inode = fs.ns.get(ino).unwrap();
+    let m = inode.meta();
+    m.blocks.values().map(|e| e.sums.known()).sum()
+}
+
+#[test]
+fn page_sums_kept_on_the_volume_catch_damage_after_a_remount_and_after_a_crash() {
+    let node = memnode();
+    for crash in [false, true] {
+        let fs = mount(&node);
+        let name = format!("f{crash}");
+        let f = new_file(&fs, &name);
+        let data = pattern(3 * BS as usize, 21);
+        fs.write(f, 0, &data).unwrap();
+        fs.fsync_durable(f).unwrap();
+        if crash {
+            drop(fs); // the sums are in the log, not in a checkpoint
+        } else {
+            fs.shutdown();
+            drop(fs);
+        }
+        let fs = mount(&node);
+        let f = lookup(&fs, &name).unwrap();
+        assert_eq!(
+            known_sums(&fs, f),
+            3,
+            "crash {crash}: every page's sum came back"
+        );
+        damage_block(&fs, f, 1, 17);
+        match fs.read(f, BS, BS as u32) {
+            Err(FsError::Io(msg)) => assert!(msg.contains("checksum"), "{msg}"),
+            other => panic!("crash {crash}: a damaged page read as {other:?}"),
+        }
+        assert_eq!(checksum_failures(&fs), 1);
+        assert_eq!(fs.read(f, 0, BS as u32).unwrap(), data[..BS as usize]);
+        assert_eq!(
+            fs.read(f, 2 * BS, BS as u32).unwrap(),
+            data[2 * BS as usize..]
+        );
+        // Mend it for the next round's checks.
+        fs.write(f, BS, &data[BS as usize..2 * BS as usize])
+            .unwrap();
+        fs.shutdown();
+    }
+}
+
+#[test]
+fn pages_written_back_after_their_sums_were_committed_read_back_after_a_crash() {
+    let node = memnode();
+    let fs = mount(&node);
+    let f = new_file(&fs, "f");
+    fs.write(f, 0, &pattern(4 * BS as usize, 1)).unwrap();
+    fs.fsync_durable(f).unwrap();
+    // Rewritten and written back, never committed: the log's sums are older than the
+    // pages now, so it must say they are stale.
+    let newer = pattern(4 * BS as usize, 2);
+    fs.write(f, 0, &newer).unwrap();
+    fs.fsync(f).unwrap();
+    drop(fs); // crash
+    let fs = mount(&node);
+    let f = lookup(&fs, "f").unwrap();
+    assert_eq!(
+        fs.read(f, 0, 4 * BS as u32)
+            .expect("newer pages are no damage"),
+        newer
+    );
+    assert_eq!(checksum_failures(&fs), 0);
+    assert_eq!(known_sums(&fs, f), 0, "the log said the sums were stale");
+    // The next commit gives them sums again, in the log.
+    fs.write(f, 0, &newer).unwrap();
+    fs.fsync_durable(f).unwrap();
+    drop(fs); // crash
+    let fs = mount(&node);
+    let f = lookup(&fs, "f").unwrap();
+    assert_eq!(known_sums(&fs, f), 4);
+    assert_eq!(fs.read(f, 0, 4 * BS as u32).unwrap(), newer);
+    fs.shutdown();
+    drop(fs);
+    assert_eq!(check(&node), (vec![], 0));
+}
+
+/// Rewrites the volume's current superblock and checkpoint as format version 1 wrote
+/// them (same layout; the version words say 1), as an fsd of that version left it.
+fn downgrade_to_version_1(node: &memnode::Memnode) {
+    use crate::volume::format::{crc, Superblock, CHECKPOINT_HEADER, SUPERBLOCK_SLOT};
+    let remote = store(node, false);
+    let root = remote.volume_root(0).unwrap();
+    let at = |addr: u64, rkey: u32| rmemfs_common::fabric::RemoteAddr { addr, rkey };
+    let mut slots = vec![0u8; 2 * SUPERBLOCK_SLOT];
+    remote
+        .read_at(0, at(root.addr, root.rkey), &mut slots)
+        .unwrap();
+    let (slot, mut sb) = (0..2)
+        .filter_map(|i| {
+            let s = Superblock::decode(&slots[i * SUPERBLOCK_SLOT..(i + 1) * SUPERBLOCK_SLOT]);
+            Some((i, s.ok()??))
+        })
+        .max_by_key(|(_, s)| s.generation)
+        .unwrap();
+    let (area, _) = sb.checkpoint.unwrap();
+    let chunk = remote
+        .volume_chunks(0)
+        .unwrap()
+        .into_iter()
+        .find(|c| c.addr <= area.addr && area.addr < c.addr + c.len)
+        .unwrap();
+    let mut ck = vec![0u8; area.len as usize];
+    remote
+        .read_at(0, at(area.addr, chunk.rkey), &mut ck)
+        .unwrap();
+    ck[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let head = crc(&ck[..CHECKPOINT_HEADER - 4]);
+    ck[CHECKPOINT_HEADER - 4..CHECKPOINT_HEADER].copy_from_slice(&head.to_le_bytes());
+    remote.write_at(0, at(area.addr, chunk.rkey), &ck).unwrap();
+    sb.checkpoint = Some((area, crc(&ck)));
+    let mut bytes = sb.encode();
+    bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let end = bytes.len() - 4;
+    let c = crc(&bytes[..end]);
+    bytes[end..].copy_from_slice(&c.to_le_bytes());
+    let slot_at = root.addr + (slot * SUPERBLOCK_SLOT) as u64;
+    remote.write_at(0, at(slot_at, root.rkey), &bytes).unwrap();
+    remote.close_volume();
+}
+
+/// The format versions of both superblock slots.
+fn slot_versions(node: &memnode::Memnode) -> Vec<u32> {
+    use crate::volume::format::{Superblock, SUPERBLOCK_SLOT};
+    let remote = store(node, false);
+    let root = remote.volume_root(0).unwrap();
+    let mut slots = vec![0u8; 2 * SUPERBLOCK_SLOT];
+    let at = rmemfs_common::fabric::RemoteAddr {
+        addr: root.addr,
+        rkey: root.rkey,
+    };
+    remote.read_at(0, at, &mut slots).unwrap();
+    remote.close_volume();
+    slots
+        .chunks(SUPERBLOCK_SLOT)
+        .map(|s| Superblock::decode(s).unwrap().unwrap().version)
+        .collect()
+}
+
+#[test]
+fn a_version_1_volume_mounts_and_is_rewritten_as_version_2_in_both_slots() {
+    let node = memnode();
+    let fs = mount(&node);
+    let f = new_file(&fs, "f");
+    let data = pattern(2 * BS as usize, 8);
+    fs.write(f, 0, &data).unwrap();
+    fs.shutdown();
+    drop(fs);
+    let fs = mount(&node); // a second generation: both slots written
+    fs.shutdown();
+    drop(fs);
+    downgrade_to_version_1(&node);
+    assert!(slot_versions(&node).contains(&1));
+    let fs = mount(&node);
+    let f = lookup(&fs, "f").unwrap();
+    assert_eq!(fs.read(f, 0, data.len() as u32).unwrap(), data);
+    fs.shutdown();
+    drop(fs);
+    assert_eq!(
+        slot_versions(&node),
+        vec![FORMAT_VERSION; 2],
+        "no slot an older fsd could take for current"
+    );
+    assert_eq!(check(&node), (vec![], 0));
 }
