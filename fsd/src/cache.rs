@@ -26,6 +26,14 @@
 //! run), with nothing read; any other block (new, or getting new copies, which need
 //! all of it) is completed and written back whole.
 //!
+//! A page keeps the checksum of each 4 KiB of its buffer that a write filled whole
+//! (`remote/sums.rs`), computed right after the write's copy, while those bytes are
+//! still in the writing CPU's caches, and hands it to [`Backing::store`] with the
+//! bytes: a stream's write-back then sends its pages without a second pass over
+//! them. Any other change to those bytes (a fill, zeros, a write of part of them,
+//! a caller that changes what it likes) forgets their sums, so a sum handed over is
+//! always the sum of the bytes beside it; the backing sums what it is not given.
+//!
 //! Structure and invariants:
 //! - `Index::lru` maps keys to live pages, least recently used first. `Index::evicting`
 //!   holds pages taken out of the LRU whose write-back is under way; a lookup that finds
@@ -75,6 +83,19 @@ pub type PageKey = (u64, u64);
 /// Pages popped per eviction round: write-backs of several victims share one batch.
 const EVICT_BATCH: usize = 8;
 
+/// The bytes a checksum covers: a page of remote memory (tests use smaller ones).
+const SUM_UNIT: usize = crate::remote::PAGE as usize;
+
+/// One write-back: bytes `offset..offset + bytes.len()` of block `key`, and the
+/// checksums of its 4 KiB pages the cache knows, from the page at `offset` (which is
+/// then page-aligned; empty when it is not), `None` where it does not.
+pub struct Store<'a> {
+    pub key: PageKey,
+    pub offset: usize,
+    pub bytes: &'a [u8],
+    pub sums: &'a [Option<u32>],
+}
+
 /// Where pages come from and go to: remote memory, via the filesystem's block maps.
 pub trait Backing: Send + Sync {
     /// Fills each buffer with bytes `offset..offset + buffer length` of its block's
@@ -86,7 +107,7 @@ pub trait Backing: Send + Sync {
     /// part of one (only ever asked for where [`Backing::stores_in_part`] said yes) is
     /// written to the copies the block has. A failure is recorded by the backing, for
     /// fsync or close to report.
-    fn store(&self, writes: &[(PageKey, usize, &[u8])]) -> Vec<Result<(), FsError>>;
+    fn store(&self, writes: &[Store<'_>]) -> Vec<Result<(), FsError>>;
     /// Whether block `key` can be written back in part: remote memory holds its
     /// content and it needs no new copy (which would need all of it).
     fn stores_in_part(&self, key: PageKey) -> bool;
@@ -145,12 +166,44 @@ struct PageState {
     /// got the page before that and locks it after must not use it: its changes would
     /// be lost with the page.
     live: bool,
+    /// The checksum of each 4 KiB of `buf` that a write filled whole since (see the
+    /// module comment); `None` where not known.
+    sums: Vec<Option<u32>>,
 }
 
 impl PageState {
     /// Whether the page holds anything newer than remote memory.
     fn is_dirty(&self) -> bool {
         self.dirty != 0 || !self.parts.is_empty()
+    }
+
+    /// Forgets the checksums of the `unit`-byte pages that `bytes` of the buffer touch.
+    fn forget_sums(&mut self, bytes: Range<usize>, unit: usize) {
+        let n = self.sums.len();
+        let pages = (bytes.start / unit).min(n)..bytes.end.div_ceil(unit).min(n);
+        self.sums[pages].fill(None);
+    }
+
+    /// After a write of `bytes` of the buffer: sums the `unit`-byte pages it filled
+    /// whole (their bytes are still in this CPU's caches) and forgets those it wrote
+    /// in part.
+    fn sum_written(&mut self, bytes: Range<usize>, unit: usize) {
+        self.forget_sums(bytes.clone(), unit);
+        let whole = bytes.start.div_ceil(unit)..(bytes.end / unit).min(self.sums.len());
+        for p in whole {
+            let page = &self.buf[p * unit..(p + 1) * unit];
+            self.sums[p] = Some(crate::remote::sums::page_sum(page));
+        }
+    }
+
+    /// The known checksums of the pages of bytes `at..` for a store of them: from the
+    /// page at `at` when `at` is a page boundary, none otherwise.
+    fn sums_from(&self, at: usize, unit: usize) -> &[Option<u32>] {
+        if at.is_multiple_of(unit) {
+            self.sums.get(at / unit..).unwrap_or(&[])
+        } else {
+            &[]
+        }
     }
 
     /// Forgets that anything is newer than remote memory.
@@ -271,6 +324,11 @@ impl Sectors {
         }
     }
 
+    /// Bytes of a block.
+    fn block_len(&self) -> usize {
+        self.len * self.full.count_ones() as usize
+    }
+
     /// The sectors that bytes `from..to` of a block cover whole, and those they touch.
     fn of(&self, from: usize, to: usize) -> (u64, u64) {
         let whole = bits(from.div_ceil(self.len), to / self.len);
@@ -344,6 +402,8 @@ pub fn sector_size(block_size: usize) -> usize {
 pub struct PageCache {
     capacity: usize,
     sectors: Sectors,
+    /// Bytes per checksum ([`SUM_UNIT`]).
+    sum_unit: usize,
     slab: Slab,
     index: Mutex<Index>,
     /// Set by an eviction round or a queued write-behind: the cleaner has work (see
@@ -370,6 +430,7 @@ impl PageCache {
         PageCache {
             capacity,
             sectors: Sectors::new(block_size, sector),
+            sum_unit: SUM_UNIT,
             slab: Slab::new(capacity, block_size),
             index: Mutex::new(Index {
                 lru: LruCache::unbounded(),
@@ -383,6 +444,13 @@ impl PageCache {
             behind: Mutex::new(Vec::new()),
             counters: CacheCounters::default(),
         }
+    }
+
+    /// The same cache with checksums of `unit` bytes (tests: tiny blocks).
+    #[cfg(test)]
+    fn with_sum_unit(mut self, unit: usize) -> PageCache {
+        self.sum_unit = unit;
+        self
     }
 
     pub fn capacity_pages(&self) -> usize {
@@ -439,6 +507,7 @@ impl PageCache {
                             dirty: 0,
                             parts: Vec::new(),
                             live: true,
+                            sums: vec![None; self.sectors.block_len() / self.sum_unit],
                         }),
                     });
                     idx.lru.put(key, page.clone());
@@ -583,17 +652,27 @@ impl PageCache {
         }
         // One write per run of dirty sectors and per part, or one of the whole block.
         let mut owner = Vec::new();
-        let mut batch: Vec<(PageKey, usize, &[u8])> = Vec::new();
+        let mut batch: Vec<Store<'_>> = Vec::new();
         for &i in &dirty {
             let (key, s) = (pages[i].0, &*pages[i].1);
             if in_part[i] {
                 self.counters.partial_stores.fetch_add(1, Ordering::Relaxed);
                 for run in self.sectors.runs(s.dirty).chain(s.parts.iter().cloned()) {
-                    batch.push((key, run.start, &s.buf[run]));
+                    batch.push(Store {
+                        key,
+                        offset: run.start,
+                        sums: s.sums_from(run.start, self.sum_unit),
+                        bytes: &s.buf[run],
+                    });
                     owner.push(i);
                 }
             } else {
-                batch.push((key, 0, &s.buf[..]));
+                batch.push(Store {
+                    key,
+                    offset: 0,
+                    bytes: &s.buf[..],
+                    sums: &s.sums,
+                });
                 owner.push(i);
             }
         }
@@ -641,6 +720,9 @@ impl PageCache {
             }
             // Split the buffer into the runs to load, front to back.
             let gaps = self.sectors.gaps(lacks, &s.parts);
+            for run in &gaps {
+                s.forget_sums(run.clone(), self.sum_unit);
+            }
             let mut rest: &mut [u8] = &mut s.buf[..];
             let mut at = 0;
             for run in gaps {
@@ -681,6 +763,7 @@ impl PageCache {
     fn zero_fill(&self, g: &mut PageState) {
         let parts = g.part_mask(&self.sectors);
         for gap in self.sectors.gaps(self.sectors.full & !g.valid, &g.parts) {
+            g.forget_sums(gap.clone(), self.sum_unit);
             g.buf[gap].fill(0);
         }
         g.dirty |= parts;
@@ -725,13 +808,15 @@ impl PageCache {
             let mut gains = vec![0u64; guards.len()];
             // Sectors the callback may change: those that become dirty if it says so.
             let mut touches = vec![full; guards.len()];
+            // How each page is to be filled.
+            let hows: Vec<Fill> = (start..end).map(&fill).collect();
             // Sectors of a write's ends that the page lacks, whose new bytes join the
             // sector's part, with the bytes written.
             let mut joins: Vec<(u64, Range<usize>)> = vec![(0, 0..0); guards.len()];
             // Pages to load from the backing, with the sectors each needs.
             let mut to_load: Vec<(usize, u64)> = Vec::new();
             for (n, g) in guards.iter_mut().enumerate() {
-                let how = fill(start + n as u64);
+                let how = hows[n];
                 if let Fill::Read { from, to } | Fill::Write { from, to } = how {
                     // Even in a page it holds whole, a write dirties only what it touches.
                     touches[n] = self.sectors.of(from, to).1;
@@ -791,6 +876,16 @@ impl PageCache {
                 let g = &mut **g;
                 let mut dirty = false;
                 let result = f(start + n as u64, &mut g.buf, &mut dirty);
+                if dirty {
+                    // Checksums of what the callback wrote, while it is hot; it may
+                    // have changed anything the fill names.
+                    let unit = self.sum_unit;
+                    match hows[n] {
+                        Fill::Overwrite => g.sum_written(0..g.buf.len(), unit),
+                        Fill::Write { from, to } => g.sum_written(from..to, unit),
+                        _ => g.forget_sums(0..g.buf.len(), unit),
+                    }
+                }
                 // What the callback wrote in full (Overwrite, Write) is now content.
                 g.valid |= gains[n];
                 // A part of a sector it overwrote whole is gone into that sector.

@@ -31,6 +31,12 @@ use std::time::SystemTime;
 /// Largest file size: a bound that keeps block-index arithmetic far from overflow.
 pub const MAX_FILE_SIZE: u64 = 1 << 52;
 
+/// How far ahead of a sequential reader blocks are loaded (at most a quarter of the
+/// cache). Four 1 MiB requests' worth: with only the next request's worth queued, a
+/// stream waited on each load as it finished, checksum included (2.5 against 3.0
+/// GB/s here; docs/benchmarks-history.md, "Page checksums: what they cost").
+const READAHEAD_BYTES: u64 = 4 << 20;
+
 /// Who is asking (from the FUSE request).
 #[derive(Debug, Clone, Copy)]
 pub struct Caller {
@@ -187,7 +193,7 @@ impl RmemFs {
         let block_size = remote.block_size();
         let cache = PageCache::new(cache_bytes, block_size as usize);
         let readahead_blocks =
-            ((1u64 << 20) / block_size).clamp(1, cache.capacity_pages() as u64 / 4 + 1);
+            (READAHEAD_BYTES / block_size).clamp(1, cache.capacity_pages() as u64 / 4 + 1);
         RmemFs {
             ns,
             counters: FileCounters::default(),

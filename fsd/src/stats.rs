@@ -227,7 +227,7 @@ mod tests {
         assert!(json.contains("\"remote_read_bytes\": 196608,"), "{json}");
         assert!(json.contains("\"chunk_allocs\": 1,"), "{json}");
         assert!(json.contains("\"block_size\": 65536,"), "{json}");
-        assert_eq!(json.matches(':').count(), 29 + 7 + 2 * 2);
+        assert_eq!(json.matches(':').count(), 31 + 7 + 2 * 2);
     }
 
     #[test]

@@ -19,6 +19,10 @@ struct MemBacking {
     stored: Mutex<Vec<(PageKey, usize, usize)>>,
     /// Whether blocks it holds may be stored in part.
     parts: std::sync::atomic::AtomicBool,
+    /// Bytes per checksum of the cache under test (none checked when 0).
+    sum_unit: AtomicUsize,
+    /// Checksums the cache handed over, all checked against their bytes.
+    sums_checked: AtomicUsize,
     /// Calls of `load` and of `store` (batches).
     load_calls: AtomicUsize,
     store_calls: AtomicUsize,
@@ -51,12 +55,27 @@ impl Backing for MemBacking {
             .collect()
     }
 
-    fn store(&self, writes: &[(PageKey, usize, &[u8])]) -> Vec<Result<(), FsError>> {
+    fn store(&self, writes: &[Store<'_>]) -> Vec<Result<(), FsError>> {
         self.store_calls.fetch_add(1, Ordering::SeqCst);
         let mut blocks = lock(&self.blocks);
         writes
             .iter()
-            .map(|(k, off, buf)| {
+            .map(|w| {
+                let (k, off, buf) = (&w.key, &w.offset, w.bytes);
+                // Every checksum the cache hands over is that of the bytes beside it.
+                let unit = self.sum_unit.load(Ordering::SeqCst);
+                for (p, sum) in w.sums.iter().enumerate() {
+                    let Some(sum) = sum else { continue };
+                    let page = buf.get(p * unit..(p + 1) * unit).filter(|_| unit > 0);
+                    if let Some(page) = page {
+                        assert_eq!(
+                            crate::remote::sums::page_sum(page),
+                            *sum,
+                            "the cache's sum of page {p} of a store of {k:?} at {off}"
+                        );
+                        self.sums_checked.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
                 self.stores.fetch_add(1, Ordering::SeqCst);
                 lock(&self.stored).push((*k, *off, buf.len()));
                 if buf.len() == BS {
@@ -244,7 +263,8 @@ proptest! {
     #[test]
     fn cache_matches_a_simple_model(ops in proptest::collection::vec(op(), 1..200), cap in 2usize..6) {
         let b = MemBacking::default();
-        let c = PageCache::new((cap * BS) as u64, BS);
+        b.sum_unit.store(4, Ordering::SeqCst);
+        let c = PageCache::new((cap * BS) as u64, BS).with_sum_unit(4);
         let mut model: HashMap<u64, u8> = HashMap::new();
         for op in ops {
             match op {
@@ -631,10 +651,12 @@ proptest! {
         ops in proptest::collection::vec(part_op(), 1..200),
         cap in 2usize..5,
         parts in any::<bool>(),
+        sum_unit in prop_oneof![Just(2usize), Just(SECTOR)],
     ) {
         let b = MemBacking::default();
         b.parts.store(parts, Ordering::SeqCst);
-        let c = sectored(cap);
+        b.sum_unit.store(sum_unit, Ordering::SeqCst);
+        let c = sectored(cap).with_sum_unit(sum_unit);
         let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
         for op in ops {
             match op {
@@ -946,7 +968,7 @@ impl Backing for Probe {
         self.inner.load(reads)
     }
 
-    fn store(&self, writes: &[(PageKey, usize, &[u8])]) -> Vec<Result<(), FsError>> {
+    fn store(&self, writes: &[Store<'_>]) -> Vec<Result<(), FsError>> {
         if let Some(p) = lock(&self.watched).as_ref() {
             let free = p.state.try_lock().is_ok();
             lock(&self.free_at_store).push(free);
@@ -975,4 +997,52 @@ fn the_cleaner_leaves_clean_pages_unlocked_while_it_writes_back() {
     *lock(&b.watched) = lock(&c.index).lru.peek(&(1, 1)).cloned();
     assert_eq!(c.clean_cold(&b, 8), 1);
     assert_eq!(*lock(&b.free_at_store), vec![true]);
+}
+
+#[test]
+fn a_write_hands_the_sums_of_the_pages_it_filled_to_the_write_back() {
+    let b = MemBacking::default();
+    b.sum_unit.store(4, Ordering::SeqCst);
+    let c = sectored(4).with_sum_unit(4);
+    // Whole block, then a write of bytes 5..13: pages 2 (8..12) whole, 1 and 3 in part.
+    write_at(&c, &b, (1, 0), 0, &[1; BS]);
+    write_at(&c, &b, (1, 0), 5, &[2; 8]);
+    c.flush_all(&b).unwrap();
+    assert_eq!(
+        b.sums_checked.load(Ordering::SeqCst),
+        2,
+        "pages 0 and 2 keep the sums of their writes; 1 and 3 were written in part"
+    );
+    assert_eq!(
+        lock(&b.blocks)[&(1, 0)][4..14],
+        [1, 2, 2, 2, 2, 2, 2, 2, 2, 1]
+    );
+}
+
+#[test]
+fn a_change_the_cache_cannot_see_forgets_the_sums() {
+    let b = MemBacking::default();
+    b.sum_unit.store(4, Ordering::SeqCst);
+    let c = sectored(4).with_sum_unit(4);
+    write_at(&c, &b, (1, 0), 0, &[1; BS]);
+    // A caller that loads the block and changes a byte of it as it likes.
+    c.access(
+        &b,
+        1,
+        0..1,
+        |_| Fill::Load,
+        |_, buf, dirty| {
+            buf[9] = 7;
+            *dirty = true;
+            Ok(())
+        },
+    )
+    .unwrap();
+    c.flush_all(&b).unwrap();
+    assert_eq!(
+        b.sums_checked.load(Ordering::SeqCst),
+        0,
+        "no sum survives it"
+    );
+    assert_eq!(lock(&b.blocks)[&(1, 0)][9], 7);
 }

@@ -17,7 +17,7 @@
 //! stale (`volume/mod.rs`, "Page sums in the log").
 
 use super::RmemFs;
-use crate::cache::{Backing, PageKey};
+use crate::cache::{Backing, PageKey, Store};
 use crate::error::FsError;
 use crate::inode::{Inode, Meta};
 use crate::remote::sums;
@@ -177,7 +177,7 @@ impl RmemFs {
     /// (durable before their bytes move).
     fn log_sums_stale(
         &self,
-        writes: &[(PageKey, usize, &[u8])],
+        writes: &[Store<'_>],
         targets: &[(usize, Target)],
     ) -> Result<(), FsError> {
         let Some(volume) = &self.volume else {
@@ -186,7 +186,7 @@ impl RmemFs {
         let mut inos: Vec<u64> = targets
             .iter()
             .filter(|(_, t)| t.stales_sums)
-            .map(|(n, _)| writes[*n].0 .0)
+            .map(|(n, _)| writes[*n].key.0)
             .collect();
         if inos.is_empty() {
             return Ok(());
@@ -233,8 +233,9 @@ impl Backing for RmemFs {
         results
     }
 
-    fn store(&self, writes: &[(PageKey, usize, &[u8])]) -> Vec<Result<(), FsError>> {
-        let whole = |n: usize| writes[n].1 == 0 && writes[n].2.len() as u64 == self.block_size;
+    fn store(&self, writes: &[Store<'_>]) -> Vec<Result<(), FsError>> {
+        let whole =
+            |n: usize| writes[n].offset == 0 && writes[n].bytes.len() as u64 == self.block_size;
         let mut results: Vec<Result<(), FsError>> = writes.iter().map(|_| Ok(())).collect();
         let mut pending: Vec<usize> = (0..writes.len()).collect();
         // Each round that fails drops at least one copy; a failed copy's memnode is
@@ -242,15 +243,16 @@ impl Backing for RmemFs {
         // cluster can give.
         let rounds = self.remote.node_count() + 2;
         // The sums of the pages each write carries (those past the block's copies are
-        // of zeros, which are not written but read so: see `write_copies`).
+        // of zeros, which are not written but read so: see `write_copies`); the cache
+        // gives those it took when the bytes were written.
         let written: Vec<sums::Written> = writes
             .iter()
-            .map(|(_, offset, buf)| sums::written(*offset, buf))
+            .map(|w| sums::written_with(w.offset, w.bytes, w.sums))
             .collect();
         for _ in 0..rounds {
             let mut targets = Vec::new();
             for &n in &pending {
-                match self.writeback_target(writes[n].0, whole(n)) {
+                match self.writeback_target(writes[n].key, whole(n)) {
                     None => {}
                     Some(Ok(t)) => targets.push((n, t)),
                     Some(Err(e)) => results[n] = Err(e),
@@ -258,19 +260,19 @@ impl Backing for RmemFs {
             }
             if let Err(e) = self.log_sums_stale(writes, &targets) {
                 for (n, t) in &targets {
-                    self.writeback_dropped(writes[*n].0, t);
+                    self.writeback_dropped(writes[*n].key, t);
                     results[*n] = Err(e.clone());
                 }
                 break;
             }
             let copies: Vec<(&BlockLoc, usize, &[u8])> = targets
                 .iter()
-                .map(|(n, t)| (&t.loc, writes[*n].1, writes[*n].2))
+                .map(|(n, t)| (&t.loc, writes[*n].offset, writes[*n].bytes))
                 .collect();
             let outcomes = self.remote.write_copies(&copies);
             pending.clear();
             for ((n, target), outcome) in targets.iter().zip(outcomes) {
-                let key = writes[*n].0;
+                let key = writes[*n].key;
                 if self.writeback_done(key, &target.loc, &written[*n], &outcome) {
                     results[*n] = Ok(());
                     let restored = target.restored as u64;
@@ -290,7 +292,7 @@ impl Backing for RmemFs {
         }
         for (n, r) in results.iter().enumerate() {
             if let Err(e) = r {
-                self.record_write_error(writes[n].0, e);
+                self.record_write_error(writes[n].key, e);
             }
         }
         results

