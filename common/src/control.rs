@@ -3,8 +3,8 @@
 
 use crate::fabric::{Endpoint, FabricError};
 use crate::protocol::{
-    valid_volume_name, Allocation, ErrorCode, NodeStats, ProtocolError, Request, Response,
-    MAX_TOKEN_LEN,
+    valid_volume_name, Allocation, CopySpan, ErrorCode, NodeStats, ProtocolError, Request,
+    Response, MAX_TOKEN_LEN,
 };
 use thiserror::Error;
 
@@ -79,6 +79,8 @@ pub fn random_id() -> u64 {
 pub struct Welcome {
     pub node_id: u64,
     pub capacity: u64,
+    /// `protocol::FEATURE_*` bits.
+    pub features: u32,
 }
 
 /// Sends one request and decodes the reply, turning error replies into `Refused`.
@@ -107,7 +109,15 @@ pub fn hello(ep: &dyn Endpoint, client_id: u64, token: &[u8]) -> Result<Welcome,
         token: token.to_vec(),
     };
     match call(ep, &req)? {
-        Response::Welcome { node_id, capacity } => Ok(Welcome { node_id, capacity }),
+        Response::Welcome {
+            node_id,
+            capacity,
+            features,
+        } => Ok(Welcome {
+            node_id,
+            capacity,
+            features,
+        }),
         other => Err(unexpected("Hello", other)),
     }
 }
@@ -123,6 +133,19 @@ pub fn free(ep: &dyn Endpoint, addr: u64, rkey: u32) -> Result<(), ControlError>
     match call(ep, &Request::Free { addr, rkey })? {
         Response::Freed => Ok(()),
         other => Err(unexpected("Free", other)),
+    }
+}
+
+/// Copies `spans` inside the memnode's memory (see `Request::Copy`); the bytes copied.
+pub fn copy(ep: &dyn Endpoint, spans: &[CopySpan]) -> Result<u64, ControlError> {
+    match call(
+        ep,
+        &Request::Copy {
+            spans: spans.to_vec(),
+        },
+    )? {
+        Response::Copied { bytes } => Ok(bytes),
+        other => Err(unexpected("Copy", other)),
     }
 }
 

@@ -27,6 +27,16 @@ pub const MAX_ERROR_MESSAGE: usize = 512;
 pub const MAX_VOLUME_NAME: usize = 64;
 /// Most chunks one `ChunkList` reply carries (2 + 48 * 20 + 1 bytes of body).
 pub const MAX_CHUNKS_PER_REPLY: usize = 48;
+/// Most spans one `Copy` carries (1 + 32 * 28 bytes of body).
+pub const MAX_COPY_SPANS: usize = 32;
+/// Most bytes one `Copy` moves in all: the memnode copies them while holding off
+/// frees of the chunks involved, so one request stays short (about 2 ms).
+pub const MAX_COPY_BYTES: u64 = 16 << 20;
+
+/// Bits of `Welcome::features`: what a memnode does beyond this protocol version's
+/// first messages. A memnode that sends none (an older one) has none of them.
+/// `Copy` is served.
+pub const FEATURE_COPY: u32 = 1;
 
 /// True for a volume name this protocol carries: 1..=[`MAX_VOLUME_NAME`] bytes of
 /// `[A-Za-z0-9._-]`, and not `.` or `..`. Anything else is refused at decode.
@@ -86,13 +96,36 @@ pub enum Request {
     VolumeList { after: Vec<u8> },
     /// Free every chunk of the volume `name` and forget it.
     VolumeDestroy { name: Vec<u8> },
+    /// Copy bytes inside the memnode's memory, from one allocation of the caller's to
+    /// another (or the same), as if READ from `src` and WRITTEN to `dst` with their
+    /// rkeys: the same owner and bounds checks, no data on the wire. At most
+    /// [`MAX_COPY_SPANS`] spans and [`MAX_COPY_BYTES`] bytes; all are checked before
+    /// any is copied. Only where `Welcome::features` has [`FEATURE_COPY`].
+    Copy { spans: Vec<CopySpan> },
+}
+
+/// One span of a `Copy`: `len` bytes from `src_addr` (under `src_rkey`) to `dst_addr`
+/// (under `dst_rkey`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopySpan {
+    pub src_addr: u64,
+    pub src_rkey: u32,
+    pub dst_addr: u64,
+    pub dst_rkey: u32,
+    pub len: u32,
 }
 
 /// Replies a memnode sends back (the client RECVs them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Response {
-    /// Hello accepted; `node_id` names the memnode, `capacity` is its region size.
-    Welcome { node_id: u64, capacity: u64 },
+    /// Hello accepted; `node_id` names the memnode, `capacity` is its region size,
+    /// `features` what it serves beyond the first messages (`FEATURE_*`; an older
+    /// memnode's Welcome has no such field, read as none).
+    Welcome {
+        node_id: u64,
+        capacity: u64,
+        features: u32,
+    },
     /// A new allocation, readable and writable with `rkey` by its owner only.
     Allocated(Allocation),
     /// The allocation was freed and its rkey revoked.
@@ -114,6 +147,8 @@ pub enum Response {
     },
     /// The volume is gone; `bytes` were freed.
     VolumeDestroyed { bytes: u64 },
+    /// Every span of a `Copy` was copied: `bytes` in all.
+    Copied { bytes: u64 },
     /// The request failed.
     Error { code: ErrorCode, message: String },
 }
@@ -245,6 +280,7 @@ const K_VOLUME_CHUNKS: u16 = 0x0006;
 const K_VOLUME_CLOSE: u16 = 0x0007;
 const K_VOLUME_LIST: u16 = 0x0008;
 const K_VOLUME_DESTROY: u16 = 0x0009;
+const K_COPY: u16 = 0x000a;
 const K_WELCOME: u16 = 0x8001;
 const K_ALLOCATED: u16 = 0x8002;
 const K_FREED: u16 = 0x8003;
@@ -254,6 +290,7 @@ const K_CHUNK_LIST: u16 = 0x8006;
 const K_VOLUME_CLOSED: u16 = 0x8007;
 const K_VOLUME_LISTING: u16 = 0x8008;
 const K_VOLUME_DESTROYED: u16 = 0x8009;
+const K_COPIED: u16 = 0x800a;
 
 // VolumeOpen's flag bits; any other bit set is a bad field.
 const OPEN_CREATE: u8 = 0x01;
@@ -327,6 +364,10 @@ impl<'a> Reader<'a> {
 
     fn u8(&mut self) -> Result<u8, ProtocolError> {
         Ok(self.take(1)?[0])
+    }
+
+    fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
     }
 
     /// A byte that must be 0 or 1.
@@ -461,6 +502,20 @@ impl Request {
                 put_name(&mut body, name);
                 K_VOLUME_DESTROY
             }
+            Request::Copy { spans } => {
+                // More than a frame carries: the first ones (the memnode then copies
+                // fewer than asked, which the caller sees in `Copied`).
+                let n = spans.len().min(MAX_COPY_SPANS);
+                body.push(n as u8);
+                for s in &spans[..n] {
+                    body.extend_from_slice(&s.src_addr.to_le_bytes());
+                    body.extend_from_slice(&s.src_rkey.to_le_bytes());
+                    body.extend_from_slice(&s.dst_addr.to_le_bytes());
+                    body.extend_from_slice(&s.dst_rkey.to_le_bytes());
+                    body.extend_from_slice(&s.len.to_le_bytes());
+                }
+                K_COPY
+            }
         };
         frame(kind, &body)
     }
@@ -507,6 +562,29 @@ impl Request {
             K_VOLUME_DESTROY => Request::VolumeDestroy {
                 name: r.volume_name()?,
             },
+            K_COPY => {
+                let n = r.u8()? as usize;
+                if !(1..=MAX_COPY_SPANS).contains(&n) {
+                    return Err(ProtocolError::BadField("copy spans"));
+                }
+                let mut spans = Vec::with_capacity(n);
+                let mut total = 0u64;
+                for _ in 0..n {
+                    let s = CopySpan {
+                        src_addr: r.u64()?,
+                        src_rkey: r.u32()?,
+                        dst_addr: r.u64()?,
+                        dst_rkey: r.u32()?,
+                        len: r.u32()?,
+                    };
+                    total += s.len as u64;
+                    if s.len == 0 || total > MAX_COPY_BYTES {
+                        return Err(ProtocolError::BadField("copy length"));
+                    }
+                    spans.push(s);
+                }
+                Request::Copy { spans }
+            }
             other => return Err(ProtocolError::UnknownKind(other)),
         };
         r.finish(kind)?;
@@ -527,9 +605,14 @@ impl Response {
     pub fn encode(&self) -> Vec<u8> {
         let mut body = Vec::new();
         let kind = match self {
-            Response::Welcome { node_id, capacity } => {
+            Response::Welcome {
+                node_id,
+                capacity,
+                features,
+            } => {
                 body.extend_from_slice(&node_id.to_le_bytes());
                 body.extend_from_slice(&capacity.to_le_bytes());
+                body.extend_from_slice(&features.to_le_bytes());
                 K_WELCOME
             }
             Response::Allocated(a) => {
@@ -578,6 +661,10 @@ impl Response {
                 body.push((*more || n < volumes.len()) as u8);
                 K_VOLUME_LISTING
             }
+            Response::Copied { bytes } => {
+                body.extend_from_slice(&bytes.to_le_bytes());
+                K_COPIED
+            }
             Response::VolumeDestroyed { bytes } => {
                 body.extend_from_slice(&bytes.to_le_bytes());
                 K_VOLUME_DESTROYED
@@ -603,6 +690,8 @@ impl Response {
             K_WELCOME => Response::Welcome {
                 node_id: r.u64()?,
                 capacity: r.u64()?,
+                // An older memnode ends here.
+                features: if r.remaining() == 0 { 0 } else { r.u32()? },
             },
             K_ALLOCATED => Response::Allocated(r.allocation()?),
             K_FREED => Response::Freed,
@@ -654,6 +743,7 @@ impl Response {
                 }
             }
             K_VOLUME_DESTROYED => Response::VolumeDestroyed { bytes: r.u64()? },
+            K_COPIED => Response::Copied { bytes: r.u64()? },
             K_ERROR => Response::Error {
                 code: ErrorCode::from_wire(r.u16()?),
                 message: String::from_utf8_lossy(r.bytes(MAX_ERROR_MESSAGE, "message")?)

@@ -44,7 +44,25 @@ fn all_requests() -> Vec<Request> {
         Request::VolumeDestroy {
             name: b"...".to_vec(),
         },
+        Request::Copy {
+            spans: vec![span(1, 4096)],
+        },
+        Request::Copy {
+            spans: (0..MAX_COPY_SPANS as u64)
+                .map(|i| span(i, (MAX_COPY_BYTES / MAX_COPY_SPANS as u64) as u32))
+                .collect(),
+        },
     ]
+}
+
+fn span(i: u64, len: u32) -> CopySpan {
+    CopySpan {
+        src_addr: (1 << 40) + (i << 20),
+        src_rkey: 7 + i as u32,
+        dst_addr: (2 << 40) + (i << 20),
+        dst_rkey: 0xffff_0000 | i as u32,
+        len,
+    }
 }
 
 fn summary(name: &[u8], id: u64) -> VolumeSummary {
@@ -70,7 +88,14 @@ fn all_responses() -> Vec<Response> {
         Response::Welcome {
             node_id: 7,
             capacity: 4 << 30,
+            features: FEATURE_COPY,
         },
+        Response::Welcome {
+            node_id: 7,
+            capacity: 4 << 30,
+            features: 0,
+        },
+        Response::Copied { bytes: 1 << 24 },
         Response::Allocated(Allocation {
             addr: 4096,
             len: 1 << 26,
@@ -554,5 +579,62 @@ proptest! {
     fn hello_round_trips(client_id in any::<u64>(), token in proptest::collection::vec(any::<u8>(), 0..MAX_TOKEN_LEN)) {
         let req = Request::Hello { client_id, token };
         prop_assert_eq!(Request::decode(&req.encode()), Ok(req));
+    }
+}
+
+#[test]
+fn a_welcome_without_features_is_an_older_memnode_with_none() {
+    let mut old = Vec::new();
+    old.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    old.extend_from_slice(&0x8001u16.to_le_bytes());
+    old.extend_from_slice(&16u32.to_le_bytes());
+    old.extend_from_slice(&9u64.to_le_bytes());
+    old.extend_from_slice(&(1u64 << 30).to_le_bytes());
+    assert_eq!(
+        Response::decode(&old),
+        Ok(Response::Welcome {
+            node_id: 9,
+            capacity: 1 << 30,
+            features: 0
+        })
+    );
+}
+
+#[test]
+fn a_copy_of_no_span_too_many_bytes_or_an_empty_span_is_refused() {
+    let decode = |spans: Vec<CopySpan>| {
+        // Encoded by hand past the encoder's own limit.
+        let mut body = vec![spans.len() as u8];
+        for s in &spans {
+            body.extend_from_slice(&s.src_addr.to_le_bytes());
+            body.extend_from_slice(&s.src_rkey.to_le_bytes());
+            body.extend_from_slice(&s.dst_addr.to_le_bytes());
+            body.extend_from_slice(&s.dst_rkey.to_le_bytes());
+            body.extend_from_slice(&s.len.to_le_bytes());
+        }
+        Request::decode(&frame(0x000a, &body))
+    };
+    assert_eq!(decode(vec![]), Err(ProtocolError::BadField("copy spans")));
+    assert_eq!(
+        decode(vec![span(0, 0)]),
+        Err(ProtocolError::BadField("copy length"))
+    );
+    let max = MAX_COPY_BYTES as u32;
+    assert!(decode(vec![span(0, max)]).is_ok());
+    assert_eq!(
+        decode(vec![span(0, max), span(1, 1)]),
+        Err(ProtocolError::BadField("copy length"))
+    );
+    assert_eq!(
+        decode((0..=MAX_COPY_SPANS as u64).map(|i| span(i, 1)).collect()),
+        Err(ProtocolError::BadField("copy spans"))
+    );
+    // The encoder never sends more spans than a frame carries.
+    let many = Request::Copy {
+        spans: (0..40).map(|i| span(i, 1)).collect(),
+    };
+    match Request::decode(&many.encode()) {
+        Ok(Request::Copy { spans }) => assert_eq!(spans.len(), MAX_COPY_SPANS),
+        other => panic!("{other:?}"),
     }
 }

@@ -107,6 +107,11 @@ pub struct FileCounters {
     /// getxattr calls answered: with `S_NOSEC` inodes the kernel no longer asks for
     /// `security.capability` before each write (see `privs.rs`).
     pub xattr_reads: AtomicU64,
+    /// copy_file_range requests fsd served and the bytes they copied, and the blocks
+    /// of those copied inside remote memory (`fs/copy.rs`).
+    pub copies: AtomicU64,
+    pub copy_bytes: AtomicU64,
+    pub copied_blocks: AtomicU64,
 }
 
 impl FileCounters {
@@ -882,6 +887,7 @@ impl RmemFs {
 }
 
 mod backing;
+pub mod copy;
 mod fit;
 mod prefetch;
 mod repair;
@@ -896,6 +902,8 @@ pub use xattr::SetXattrMode;
 
 #[cfg(test)]
 mod checksum_tests;
+#[cfg(test)]
+mod copy_tests;
 #[cfg(test)]
 mod replication_tests;
 #[cfg(test)]

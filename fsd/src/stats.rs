@@ -18,6 +18,12 @@ pub struct Snapshot {
     pub file_writes: u64,
     pub file_write_bytes: u64,
     pub xattr_reads: u64,
+    /// copy_file_range requests served, bytes they copied, blocks copied inside
+    /// remote memory, and bytes memnodes copied within their own memory.
+    pub file_copies: u64,
+    pub file_copy_bytes: u64,
+    pub copied_blocks: u64,
+    pub memnode_copy_bytes: u64,
     pub remote_reads: u64,
     pub remote_read_bytes: u64,
     pub remote_writes: u64,
@@ -72,6 +78,10 @@ impl Snapshot {
             file_writes: get(&f.writes),
             file_write_bytes: get(&f.write_bytes),
             xattr_reads: get(&f.xattr_reads),
+            file_copies: get(&f.copies),
+            file_copy_bytes: get(&f.copy_bytes),
+            copied_blocks: get(&f.copied_blocks),
+            memnode_copy_bytes: get(&r.memnode_copy_bytes),
             remote_reads: get(&r.reads),
             remote_read_bytes: get(&r.read_bytes),
             remote_writes: get(&r.writes),
@@ -120,6 +130,10 @@ impl Snapshot {
             ("file_writes", self.file_writes),
             ("file_write_bytes", self.file_write_bytes),
             ("xattr_reads", self.xattr_reads),
+            ("file_copies", self.file_copies),
+            ("file_copy_bytes", self.file_copy_bytes),
+            ("copied_blocks", self.copied_blocks),
+            ("memnode_copy_bytes", self.memnode_copy_bytes),
             ("remote_reads", self.remote_reads),
             ("remote_read_bytes", self.remote_read_bytes),
             ("remote_writes", self.remote_writes),
@@ -227,7 +241,7 @@ mod tests {
         assert!(json.contains("\"remote_read_bytes\": 196608,"), "{json}");
         assert!(json.contains("\"chunk_allocs\": 1,"), "{json}");
         assert!(json.contains("\"block_size\": 65536,"), "{json}");
-        assert_eq!(json.matches(':').count(), 31 + 7 + 2 * 2);
+        assert_eq!(json.matches(':').count(), 35 + 7 + 2 * 2);
     }
 
     #[test]

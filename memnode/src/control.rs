@@ -37,7 +37,7 @@ use crate::volumes::{Holder, OpenPlan, TakeoverReason, VolumeError, VolumeTable}
 use rmemfs_common::fabric::{ConnectionState, ControlHandler, ControlReply};
 use rmemfs_common::protocol::{
     listing_fits, ErrorCode, NodeStats, ProtocolError, Request, Response, VolumeSummary,
-    MAX_CHUNKS_PER_REPLY, MAX_CONTROL_BODY,
+    FEATURE_COPY, MAX_CHUNKS_PER_REPLY, MAX_CONTROL_BODY,
 };
 use rmemfs_common::size::format_size;
 use std::collections::HashMap;
@@ -175,6 +175,7 @@ impl ControlService {
         reply(Response::Welcome {
             node_id: self.node_id,
             capacity: self.pool.capacity(),
+            features: FEATURE_COPY,
         })
     }
 
@@ -219,6 +220,10 @@ impl ControlService {
                 Response::VolumeListing { volumes, more }
             }
             Request::VolumeDestroy { name } => self.volume_destroy(client, &name),
+            Request::Copy { spans } => match self.pool.copy(client, &spans) {
+                Ok(bytes) => Response::Copied { bytes },
+                Err(e) => Response::error(pool_error_code(&e), e.to_string()),
+            },
         }
     }
 
@@ -553,7 +558,8 @@ fn pool_error_code(e: &PoolError) -> ErrorCode {
         PoolError::Register { .. } => ErrorCode::NoSpace,
         PoolError::Alloc(AllocError::NotFound { .. })
         | PoolError::NotFound { .. }
-        | PoolError::NotBooked { .. } => ErrorCode::NotFound,
+        | PoolError::NotBooked { .. }
+        | PoolError::Access { .. } => ErrorCode::NotFound,
         PoolError::Alloc(AllocError::ZeroSize) => ErrorCode::BadRequest,
     }
 }

@@ -112,7 +112,8 @@ fn hello_is_checked_against_the_token() {
         resp,
         Response::Welcome {
             node_id: 0xfeed,
-            capacity: 16 * system_page_size()
+            capacity: 16 * system_page_size(),
+            features: rmemfs_common::protocol::FEATURE_COPY,
         }
     );
     assert!(!close);
@@ -326,3 +327,64 @@ fn constant_time_eq_matches_plain_equality() {
 
 #[path = "control_volume_tests.rs"]
 mod volumes;
+
+fn alloc_on(s: &ControlService, c: &mut ConnectionState, bytes: u64) -> Allocation {
+    match ask(s, c, &Request::Alloc { bytes }).0 {
+        Response::Allocated(a) => a,
+        other => panic!("Alloc: {other:?}"),
+    }
+}
+
+#[test]
+fn copy_moves_bytes_between_a_clients_chunks_and_checks_every_span_first() {
+    use rmemfs_common::protocol::CopySpan;
+    let (s, nic) = service_with(64, Duration::from_secs(10));
+    let page = system_page_size();
+    let mut c = conn(1);
+    ask(&s, &mut c, &hello(5, b""));
+    let (a, b) = (
+        alloc_on(&s, &mut c, 2 * page),
+        alloc_on(&s, &mut c, 2 * page),
+    );
+    let data: Vec<u8> = (0..page as usize).map(|i| (i % 253) as u8).collect();
+    nic.write(5, a.addr + 100, a.rkey, &data).unwrap();
+    let span =
+        |src: &Allocation, src_off: u64, dst: &Allocation, dst_off: u64, len: u32| CopySpan {
+            src_addr: src.addr + src_off,
+            src_rkey: src.rkey,
+            dst_addr: dst.addr + dst_off,
+            dst_rkey: dst.rkey,
+            len,
+        };
+    let copy =
+        |c: &mut ConnectionState, spans: Vec<CopySpan>| ask(&s, c, &Request::Copy { spans }).0;
+    let whole = span(&a, 100, &b, page, page as u32);
+    assert_eq!(copy(&mut c, vec![whole]), Response::Copied { bytes: page });
+    let mut back = vec![0u8; page as usize];
+    nic.read(5, b.addr + page, b.rkey, &mut back).unwrap();
+    assert_eq!(back, data, "the bytes arrived where asked");
+    // Past the end of the destination, or under another client's rkey: refused,
+    // and nothing of the request is copied, not even its good first span.
+    let mut other = conn(2);
+    ask(&s, &mut other, &hello(6, b""));
+    let theirs = alloc_on(&s, &mut other, page);
+    nic.write(6, theirs.addr, theirs.rkey, &vec![9u8; page as usize])
+        .unwrap();
+    let first = span(&a, 0, &b, 0, 8);
+    for bad in [
+        span(&a, 0, &b, 2 * page - 4, 8),
+        span(&theirs, 0, &b, 0, 8),
+        span(&a, 0, &theirs, 0, 8),
+    ] {
+        let resp = copy(&mut c, vec![first, bad]);
+        assert_eq!(code(&resp), Some(ErrorCode::NotFound), "{bad:?}: {resp:?}");
+    }
+    let mut head = [1u8; 8];
+    nic.read(5, b.addr, b.rkey, &mut head).unwrap();
+    assert_eq!(head, [0; 8], "no span of a refused request was copied");
+    // The other client's chunk is untouched, and its own copy is its business.
+    let mut theirs_back = vec![0u8; page as usize];
+    nic.read(6, theirs.addr, theirs.rkey, &mut theirs_back)
+        .unwrap();
+    assert!(theirs_back.iter().all(|&x| x == 9));
+}

@@ -35,6 +35,7 @@
 use crate::allocator::{AllocError, Booking, ChunkAllocator, Owner};
 use crate::region::Region;
 use rmemfs_common::fabric::{FabricError, MemoryRegistry};
+use rmemfs_common::protocol::CopySpan;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use thiserror::Error;
@@ -82,6 +83,8 @@ pub enum PoolError {
     NotBooked { owner: Owner, addr: u64 },
     #[error("cannot register {len} bytes for remote access: {error}")]
     Register { len: u64, error: FabricError },
+    #[error("{len} bytes at {addr:#x} are not all inside an allocation of this client's with rkey {rkey:#x}")]
+    Access { addr: u64, len: u64, rkey: u32 },
 }
 
 pub struct ChunkPool {
@@ -182,6 +185,43 @@ impl ChunkPool {
         let chunk = lock(&self.chunks).remove(&rkey)?;
         self.registry.deregister(rkey);
         Some(chunk)
+    }
+
+    /// Copies each span inside the region, as `client` could with a READ under
+    /// `src_rkey` and a WRITE under `dst_rkey`: every span is checked (both rkeys
+    /// registered for `client`, both ranges inside their chunks) before any is
+    /// copied. The chunk table stays locked meanwhile, so no chunk involved can be
+    /// freed or deregistered under the copy. Returns the bytes copied.
+    pub fn copy(&self, client: u64, spans: &[CopySpan]) -> Result<u64, PoolError> {
+        let chunks = lock(&self.chunks);
+        let inside = |addr: u64, len: u64, rkey: u32| {
+            chunks
+                .get(&rkey)
+                .filter(|c| c.client == client)
+                .filter(|c| addr >= c.addr && addr.saturating_add(len) <= c.addr + c.len)
+                .map(|_| addr - self.region.base())
+                .ok_or(PoolError::Access { addr, len, rkey })
+        };
+        let mut checked = Vec::with_capacity(spans.len());
+        for s in spans {
+            let len = s.len as u64;
+            let from = inside(s.src_addr, len, s.src_rkey)?;
+            let to = inside(s.dst_addr, len, s.dst_rkey)?;
+            checked.push((from, to, len));
+        }
+        let mut bytes = 0;
+        for (from, to, len) in checked {
+            // Inside registered chunks, so inside the region.
+            self.region
+                .copy_within(from, to, len)
+                .map_err(|_| PoolError::Access {
+                    addr: from,
+                    len,
+                    rkey: 0,
+                })?;
+            bytes += len;
+        }
+        Ok(bytes)
     }
 
     /// Frees `client`'s scratch chunk at `addr` with `rkey`.

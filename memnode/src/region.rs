@@ -179,6 +179,22 @@ impl Region {
         Ok(())
     }
 
+    /// Copies `len` bytes at `src` to `dst` (offsets; the ranges may overlap). The
+    /// caller keeps both ranges from being freed meanwhile (the pool holds its chunk
+    /// table, see `ChunkPool::copy`).
+    pub fn copy_within(&self, src: u64, dst: u64, len: u64) -> Result<(), OutOfRegion> {
+        let n = usize::try_from(len).map_err(|_| OutOfRegion { offset: src, len })?;
+        let from = self.check(src, n)?;
+        let to = self.check(dst, n)?;
+        // SAFETY: `check` proved both ranges lie inside the live, writable mapping;
+        // `ptr::copy` allows them to overlap; no reference into the mapping is made
+        // (one-sided accesses of the same bytes race as they do with each other).
+        unsafe {
+            ptr::copy(self.ptr.as_ptr().add(from), self.ptr.as_ptr().add(to), n);
+        }
+        Ok(())
+    }
+
     /// Makes `[offset, offset + len)` read as zero. Whole pages inside the range are
     /// dropped with `madvise(MADV_DONTNEED)` (returning them to the OS); the
     /// unaligned head and tail, or the whole range if madvise fails, are overwritten.

@@ -1,7 +1,9 @@
 //! fsd's answers to FUSE requests: each calls the core ([`RmemFs`]) and maps its
 //! error with [`errno`], whichever transport carried the request.
 
-use super::ops::{xattr_answer, DirSink, FuseOps, Opened, Req, SetAttrIn, Statfs, Xattr};
+use super::ops::{
+    xattr_answer, CopyRange, DirSink, FuseOps, Opened, Req, SetAttrIn, Statfs, Xattr,
+};
 use super::{configure_kernel, enable_posix_acl, errno, CacheMode};
 use crate::error::FsError;
 use crate::fs::{Allocate, Caller, RmemFs, Seek, SetAttr, SetTime, SetXattrMode};
@@ -421,6 +423,23 @@ impl FuseOps for FuseAdapter {
                 .kill_privs(ino, KillPrivs::UnlessCallerHasFsetid(req.pid)),
         )?;
         mapped(self.fs.fallocate(ino, offset, length, how))
+    }
+
+    fn copy_file_range(&self, req: &Req, c: &CopyRange) -> Result<u32, Errno> {
+        if c.flags != 0 {
+            return Err(Errno::EINVAL);
+        }
+        // Like a write into the destination.
+        mapped(
+            self.fs
+                .kill_privs(c.ino_out, KillPrivs::UnlessCallerHasFsetid(req.pid)),
+        )?;
+        let n = mapped(
+            self.fs
+                .copy_range(c.ino_in, c.off_in, c.ino_out, c.off_out, c.len),
+        )?;
+        // (At most COPY_MAX, far below u32::MAX.)
+        Ok(n as u32)
     }
 
     fn lseek(

@@ -2,14 +2,14 @@
 //! per request. It also serves what never goes through the ring when the ring is on:
 //! FUSE_INIT (where the ring is negotiated), FORGET and INTERRUPT.
 
-use super::ops::{DirSink, FuseOps, Req, SetAttrIn, Xattr};
+use super::ops::{CopyRange, DirSink, FuseOps, Req, SetAttrIn, Xattr};
 use super::ring::RingLauncher;
 use super::TTL;
 use fuser::{
-    Errno, FileHandle, FileType, Filesystem, Generation, INodeNo, KernelConfig, LockOwner,
-    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
+    CopyFileRangeFlags, Errno, FileHandle, FileType, Filesystem, Generation, INodeNo, KernelConfig,
+    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::path::Path;
@@ -430,6 +430,35 @@ impl<O: FuseOps> Filesystem for Classic<O> {
                 .fallocate(&req_of(req), ino.0, fh.0, offset, length, mode),
             reply,
         );
+    }
+
+    fn copy_file_range(
+        &self,
+        req: &Request,
+        ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let copy = CopyRange {
+            ino_in: ino_in.0,
+            fh_in: fh_in.0,
+            off_in: offset_in,
+            ino_out: ino_out.0,
+            fh_out: fh_out.0,
+            off_out: offset_out,
+            len,
+            flags: flags.bits(),
+        };
+        match self.ops.copy_file_range(&req_of(req), &copy) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn lseek(

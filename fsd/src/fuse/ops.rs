@@ -246,4 +246,21 @@ pub trait FuseOps: Send + Sync + 'static {
     fn lseek(&self, req: &Req, ino: u64, fh: u64, offset: i64, whence: i32) -> Result<i64, Errno> {
         Err(Errno::ENOSYS)
     }
+    /// copy_file_range: bytes copied.
+    fn copy_file_range(&self, req: &Req, copy: &CopyRange) -> Result<u32, Errno> {
+        Err(Errno::ENOSYS)
+    }
+}
+
+/// A copy_file_range request, as both transports decode it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyRange {
+    pub ino_in: u64,
+    pub fh_in: u64,
+    pub off_in: u64,
+    pub ino_out: u64,
+    pub fh_out: u64,
+    pub off_out: u64,
+    pub len: u64,
+    pub flags: u64,
 }

@@ -17,6 +17,7 @@
 //!   reconnects it when it comes back, as a new epoch with empty memory
 //!   ([`node`]). Timeouts come from the fabric.
 
+mod copy;
 mod node;
 mod placement;
 mod pool;
@@ -24,6 +25,7 @@ mod refill;
 pub mod sums;
 mod watch;
 
+pub use copy::BlockCopy;
 pub use node::VolumeSpec;
 use node::{LinkConfig, Node};
 pub use placement::{BlockLoc, Replica, MAX_REPLICAS};
@@ -92,6 +94,8 @@ pub struct RemoteCounters {
     pub checksum_failures: AtomicU64,
     /// Pages of copies rewritten from a good copy after failing their checksum.
     pub pages_repaired: AtomicU64,
+    /// Bytes memnodes copied within their memory for fsd (copy_file_range).
+    pub memnode_copy_bytes: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

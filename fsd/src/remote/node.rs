@@ -49,6 +49,8 @@ pub(super) struct Link {
     pub node_id: u64,
     /// The volume opened on this link, with its root chunk.
     pub volume: Option<VolumeInfo>,
+    /// What the memnode serves beyond the first messages (`protocol::FEATURE_*`).
+    pub features: u32,
 }
 
 impl Link {
@@ -64,6 +66,7 @@ impl Link {
         let mut endpoints = Vec::new();
         let mut capacity = 0;
         let mut node_id = 0;
+        let mut features = 0;
         for _ in 0..cfg.connections.max(1) {
             let ep = connector(name, client_id).map_err(|error| RemoteError::Fabric {
                 node: name.to_string(),
@@ -77,6 +80,7 @@ impl Link {
             })?;
             capacity = welcome.capacity;
             node_id = welcome.node_id;
+            features = welcome.features;
             endpoints.push(ep);
         }
         let volume = match &cfg.volume {
@@ -99,6 +103,7 @@ impl Link {
             next: AtomicUsize::new(0),
             node_id,
             volume,
+            features,
         };
         Ok((link, capacity))
     }

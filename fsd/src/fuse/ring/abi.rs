@@ -52,6 +52,7 @@ pub mod op {
     pub const FALLOCATE: u32 = 43;
     pub const RENAME2: u32 = 45;
     pub const LSEEK: u32 = 46;
+    pub const COPY_FILE_RANGE: u32 = 47;
 }
 
 /// `fuse_setattr_in.valid` bits.

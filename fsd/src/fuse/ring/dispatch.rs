@@ -8,7 +8,7 @@
 //! and every reply argument, fixed structs included, in the payload.
 
 use super::abi::{self, fattr, op, Fields, InHeader, Put};
-use crate::fuse::ops::{DirSink, FuseOps, Opened, Req, SetAttrIn, Xattr};
+use crate::fuse::ops::{CopyRange, DirSink, FuseOps, Opened, Req, SetAttrIn, Xattr};
 use crate::fuse::TTL;
 use fuser::{Errno, FileAttr, FileType, TimeOrNow};
 use std::ffi::OsStr;
@@ -246,8 +246,24 @@ fn request<O: FuseOps + ?Sized>(
             p.u64(pos as u64);
             Ok(p.len())
         }
-        // Locks, ioctl, poll, bmap, copy_file_range, ...: not implemented, as the
-        // classic loop answers them (fuser's defaults).
+        op::COPY_FILE_RANGE => {
+            let copy = CopyRange {
+                ino_in: ino,
+                fh_in: arg.u64().ok_or(bad)?,
+                off_in: arg.u64().ok_or(bad)?,
+                ino_out: arg.u64().ok_or(bad)?,
+                fh_out: arg.u64().ok_or(bad)?,
+                off_out: arg.u64().ok_or(bad)?,
+                len: arg.u64().ok_or(bad)?,
+                flags: arg.u64().ok_or(bad)?,
+            };
+            let n = ops.copy_file_range(&req, &copy)?;
+            let mut p = Put::new(payload);
+            p.u32(n).u32(0);
+            Ok(p.len())
+        }
+        // Locks, ioctl, poll, bmap, ...: not implemented, as the classic loop
+        // answers them (fuser's defaults).
         _ => Err(Errno::ENOSYS),
     }
 }

@@ -48,6 +48,11 @@ impl FuseOps for Fake {
         Ok(attr(ino))
     }
 
+    fn copy_file_range(&self, _req: &Req, c: &CopyRange) -> Result<u32, Errno> {
+        self.calls.lock().unwrap().push(format!("{c:?}"));
+        Ok(4096)
+    }
+
     fn setattr(&self, _req: &Req, ino: u64, c: &SetAttrIn) -> Result<FileAttr, Errno> {
         self.calls.lock().unwrap().push(format!(
             "setattr {ino} mode {:?} size {:?} uid {:?} mtime_now {}",
@@ -299,9 +304,39 @@ fn create_answers_an_entry_then_the_open_handle() {
 }
 
 #[test]
+fn copy_file_range_decodes_both_files_and_answers_the_count() {
+    let ops = Fake::default();
+    let mut op_in = [0u8; 56];
+    Put::new(&mut op_in)
+        .u64(3) // fh_in
+        .u64(100) // off_in
+        .u64(9) // nodeid_out
+        .u64(4) // fh_out
+        .u64(200) // off_out
+        .u64(1 << 20) // len
+        .u64(0); // flags
+    let mut e = entry(op::COPY_FILE_RANGE, 8, &op_in, &[]);
+    let (error, reply) = run(&ops, &mut e);
+    assert_eq!(error, 0);
+    let mut f = Fields::new(&reply);
+    assert_eq!((f.u32(), f.u32(), reply.len()), (Some(4096), Some(0), 8));
+    let want = CopyRange {
+        ino_in: 8,
+        fh_in: 3,
+        off_in: 100,
+        ino_out: 9,
+        fh_out: 4,
+        off_out: 200,
+        len: 1 << 20,
+        flags: 0,
+    };
+    assert_eq!(ops.calls.lock().unwrap()[0], format!("{want:?}"));
+}
+
+#[test]
 fn an_opcode_not_served_answers_enosys() {
     let ops = Fake::default();
-    for opcode in [31, 39, 47, 9999] {
+    for opcode in [31, 39, 48, 9999] {
         let mut e = entry(opcode, 1, &[], &[]);
         assert_eq!(
             run(&ops, &mut e),
