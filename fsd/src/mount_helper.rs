@@ -231,7 +231,12 @@ pub fn run(inv: &Invocation) -> Result<(), HelperError> {
         if inv.fake {
             return Ok(());
         }
-        return remount::remount(&inv.dir, &options.mount, inv.verbose);
+        return remount::remount(
+            &inv.dir,
+            &options.mount,
+            options.merged_from_mountinfo,
+            inv.verbose,
+        );
     }
     let source = Source::parse(&inv.source)
         .map_err(|e| HelperError::Usage(format!("SOURCE {:?}: {e}", inv.source)))?;

@@ -8,11 +8,6 @@
 //! is always on (fsd leaves permission checks to the kernel) and `allow_other` is
 //! implied when root mounts (see [`MountOptions::allow_other`]); both are accepted so
 //! that fstab lines written for other FUSE filesystems read naturally.
-//!
-//! The same type reads the per-mount options of `/proc/self/mountinfo`
-//! ([`MountOptions::from_mountinfo`]), which a remount starts from: mount(2) with
-//! `MS_REMOUNT` replaces every per-mount flag, so the ones not named must be
-//! carried over or a remount to read-only would also drop `nosuid`.
 
 use thiserror::Error;
 
@@ -121,22 +116,6 @@ impl MountOptions {
             _ => return false,
         }
         true
-    }
-
-    /// The per-mount options field of a `/proc/self/mountinfo` line (`rw,nosuid,
-    /// nodev,relatime`): what a remount starts from. The kernel writes no atime word
-    /// for strictatime.
-    pub fn from_mountinfo(field: &str) -> MountOptions {
-        let mut options = MountOptions {
-            atime: Atime::Strict,
-            suid: true,
-            dev: true,
-            ..MountOptions::default()
-        };
-        for opt in field.split(',') {
-            options.apply(opt);
-        }
-        options
     }
 
     /// The mount(2) flags these options ask for (without `MS_REMOUNT`).
@@ -252,16 +231,5 @@ mod tests {
         }
         assert!(MountOptions::is_generic("nodev"));
         assert!(!MountOptions::is_generic("cache=1G"));
-    }
-
-    #[test]
-    fn mountinfo_options_carry_every_per_mount_flag() {
-        let o = MountOptions::from_mountinfo("ro,nosuid,nodev,noexec,relatime");
-        assert_eq!(o.to_list(), "ro,nosuid,nodev,noexec,relatime");
-        // No nosuid/nodev words: the mount has suid and dev; no atime word: strict.
-        let o = MountOptions::from_mountinfo("rw");
-        assert_eq!(o.to_list(), "rw,suid,dev,exec,strictatime");
-        let o = MountOptions::from_mountinfo("rw,nosuid,noatime,nodiratime");
-        assert_eq!(o.to_list(), "rw,nosuid,dev,exec,noatime,nodiratime");
     }
 }

@@ -2,7 +2,11 @@
 //!
 //! - generic mount options (`ro`, `nosuid`, `noatime`, ... see
 //!   [`crate::mount::MountOptions`]) go to the kernel: through fsd's `-o` at mount,
-//!   through mount(2) `MS_REMOUNT` at a remount;
+//!   through mount(2) `MS_REMOUNT` at a remount. mount(8) never passes a helper the
+//!   words for flags that are off (`suid`, `dev`, `exec`, `atime`, `diratime`: it
+//!   turns options into flags and back), so `allow_suid` and `allow_dev` stand for
+//!   `suid` and `dev`, which rmemfs does not have by default (as MooseFS's `mfssuid`
+//!   does for the same reason);
 //! - fsd's settings (`cache=1G`, `replicas=2`, `writeback_cache`, ... the
 //!   [`SETTINGS`] table) become fsd's command-line flags; `-` and `_` are the same in
 //!   their names (`block-size=` is `block_size=`). A setting given twice takes the
@@ -104,6 +108,9 @@ pub struct HelperOptions {
     pub mount_timeout: Option<Duration>,
     /// Options ignored: comment options, and at a remount the kernel's own.
     pub ignored: Vec<String>,
+    /// At a remount, the FUSE module's own options came along: mount(8) merged the
+    /// list from `/proc/self/mountinfo` (see `super::remount`).
+    pub merged_from_mountinfo: bool,
     /// Unknown options let through by `-s` (sloppy).
     pub sloppy_unknown: Vec<String>,
 }
@@ -146,6 +153,13 @@ impl HelperOptions {
             self.mount.push(opt.to_string());
             return Ok(());
         }
+        if let Some(word) = opt
+            .strip_prefix("allow_")
+            .filter(|w| matches!(*w, "suid" | "dev"))
+        {
+            self.mount.push(word.to_string());
+            return Ok(());
+        }
         if is_comment(opt) {
             self.ignored.push(opt.to_string());
             return Ok(());
@@ -169,6 +183,7 @@ impl HelperOptions {
             ("log" | "mount_timeout", _) => return Err(OptionError::NeedsValue(name)),
             ("remount", Some(_)) => return Err(OptionError::TakesNoValue(name)),
             (kernel, Some(_)) if self.remount && KERNEL_FUSE_OPTIONS.contains(&kernel) => {
+                self.merged_from_mountinfo = true;
                 self.ignored.push(opt.to_string())
             }
             _ => {
@@ -273,9 +288,9 @@ mod tests {
             "rw,nosuid,cache=1G,_netdev,nofail,noauto,defaults,x-systemd.automount,\
              X-mount.mkdir,comment=hi,replicas=2,block-size=16K,writeback_cache,\
              fuse_transport=classic,threads=2,scrub_rate=0,noatime,takeover,volume=v,\
-             log=/var/log/x.log,mount_timeout=30,transport=tcp,suid",
+             log=/var/log/x.log,mount_timeout=30,transport=tcp,suid,allow_dev,allow_suid",
         );
-        assert_eq!(o.mount, ["rw", "nosuid", "noatime", "suid"]);
+        assert_eq!(o.mount, ["rw", "nosuid", "noatime", "suid", "dev", "suid"]);
         assert_eq!(
             o.fsd_flags(),
             [
@@ -365,9 +380,11 @@ mod tests {
     #[test]
     fn remount_takes_the_kernel_options_mount_hands_back() {
         let o = parse("ro,user_id=0,group_id=0,remount,cache=1G,allow_other,default_permissions");
-        assert!(o.remount);
+        assert!(o.remount && o.merged_from_mountinfo);
         assert_eq!(o.mount, ["ro", "allow_other", "default_permissions"]);
         assert_eq!(o.ignored, ["user_id=0", "group_id=0"]);
+        let o = parse("ro,remount,_netdev,cache=1G");
+        assert!(o.remount && !o.merged_from_mountinfo, "from fstab");
         assert_eq!(
             HelperOptions::parse("user_id=0", false),
             Err(OptionError::Unknown("user_id=0".into())),
@@ -382,6 +399,7 @@ mod tests {
             ("bogus", Unknown("bogus".into())),
             ("rw,cache=1G,bogus=3", Unknown("bogus=3".into())),
             ("memnode=a:1", Unknown("memnode=a:1".into())),
+            ("allow_exec", Unknown("allow_exec".into())),
             ("token=s3cret", TokenInOptions("token=s3cret".into())),
             ("cache", NeedsValue("cache".into())),
             ("cache=", NeedsValue("cache".into())),
