@@ -50,16 +50,10 @@ impl MountSpec {
     /// fuser's settings: the request loops, and for a mount through fusermount3
     /// (another user than root) the options in fuser's terms.
     fn config(&self, root: bool) -> fuser::Config {
+        use fuser::MountOption as M;
         let mut config = fuser::Config::default();
         let o = &self.options;
-        let flag = |on: bool, yes: fuser::MountOption, no: fuser::MountOption| {
-            if on {
-                yes
-            } else {
-                no
-            }
-        };
-        use fuser::MountOption as M;
+        let flag = |on: bool, yes: M, no: M| if on { yes } else { no };
         config.mount_options = vec![
             M::FSName(self.fsname.clone()),
             M::Subtype(self.subtype.clone()),
