@@ -154,25 +154,13 @@ pub struct Options {
     /// Mount options, comma-separated (repeatable): ro, rw, nosuid and nodev (the
     /// defaults, as libfuse's), suid, dev, noexec, exec, relatime (the default),
     /// strictatime, noatime, nodiratime, allow_other, default_permissions.
-    #[arg(short = 'o', value_name = "OPTIONS", value_parser = mount_options_arg)]
+    #[arg(short = 'o', value_name = "OPTIONS", value_parser = crate::mount::options_arg)]
     pub mount_options: Vec<String>,
     /// What /proc/mounts shows as the mounted device (the mount helper passes
     /// its SOURCE); the type is always fuse.rmemfs.
-    #[arg(long, value_name = "NAME", default_value = "rmemfs", value_parser = fsname_arg)]
+    #[arg(long, value_name = "NAME", default_value = "rmemfs",
+          value_parser = crate::mount::fsname_arg)]
     pub fsname: String,
-}
-
-fn mount_options_arg(s: &str) -> Result<String, String> {
-    MountOptions::parse(s)
-        .map(|_| s.to_string())
-        .map_err(|e| e.to_string())
-}
-
-fn fsname_arg(s: &str) -> Result<String, String> {
-    if s.is_empty() || s.contains('\0') {
-        return Err("an fsname is a non-empty string without NUL bytes".into());
-    }
-    Ok(s.to_string())
 }
 
 impl Options {

@@ -89,6 +89,21 @@ impl MountSpec {
     }
 }
 
+/// A command line's `-o OPTIONS`, checked (a clap value parser).
+pub fn options_arg(s: &str) -> Result<String, String> {
+    MountOptions::parse(s)
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// A command line's fsname, checked (a clap value parser): mount(2) takes a C string.
+pub fn fsname_arg(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.contains('\0') {
+        return Err("an fsname is a non-empty string without NUL bytes".into());
+    }
+    Ok(s.to_string())
+}
+
 /// Unmounts a session's mount, whichever way it was made.
 enum Unmounter {
     /// Made by fuser (through fusermount3).

@@ -47,13 +47,16 @@ impl LogTarget {
     /// `/var/log/rmemfs/<mount>.log`, `<mount>` being the mount point escaped as
     /// systemd names mount units (`/mnt/rmemfs` -> `mnt-rmemfs`).
     pub fn choose(asked: Option<&Path>, dir: &Path) -> LogTarget {
-        if let Some(p) = asked {
-            return LogTarget::File(p.to_path_buf());
+        LogTarget::choose_for(asked, dir, stderr_is_journal())
+    }
+
+    /// [`LogTarget::choose`] with whether stderr is the journal given.
+    fn choose_for(asked: Option<&Path>, dir: &Path, journal: bool) -> LogTarget {
+        match asked {
+            Some(p) => LogTarget::File(p.to_path_buf()),
+            None if journal => LogTarget::Journal,
+            None => LogTarget::File(Path::new(LOG_DIR).join(format!("{}.log", escape_path(dir)))),
         }
-        if stderr_is_journal() {
-            return LogTarget::Journal;
-        }
-        LogTarget::File(Path::new(LOG_DIR).join(format!("{}.log", escape_path(dir))))
     }
 }
 
@@ -359,15 +362,21 @@ mod tests {
     }
 
     #[test]
-    fn the_log_file_is_the_default_unless_asked_for() {
-        let asked = LogTarget::choose(Some(Path::new("/tmp/x.log")), Path::new("/mnt/a"));
-        assert_eq!(asked, LogTarget::File("/tmp/x.log".into()));
-        if std::env::var_os("JOURNAL_STREAM").is_none() {
+    fn the_log_goes_where_asked_else_to_the_journal_else_to_var_log() {
+        let dir = Path::new("/mnt/a");
+        let asked = Path::new("/tmp/x.log");
+        for journal in [false, true] {
             assert_eq!(
-                LogTarget::choose(None, Path::new("/mnt/a")),
-                LogTarget::File("/var/log/rmemfs/mnt-a.log".into())
+                LogTarget::choose_for(Some(asked), dir, journal),
+                LogTarget::File(asked.into()),
+                "log= wins (journal: {journal})"
             );
         }
+        assert_eq!(LogTarget::choose_for(None, dir, true), LogTarget::Journal);
+        assert_eq!(
+            LogTarget::choose_for(None, dir, false),
+            LogTarget::File("/var/log/rmemfs/mnt-a.log".into())
+        );
     }
 
     #[test]
