@@ -23,8 +23,9 @@ use crate::command::{command_line, run_within};
 use crate::fsd::{mount_entry, MountEntry};
 use crate::poll_until;
 use crate::transport::{self, Transport};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus};
+use std::process::{Command, ExitStatus, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -121,6 +122,10 @@ pub enum Via {
     Fstab,
     /// `mount -t fuse.rmemfs SOURCE DIR -o OPTIONS`.
     CommandLine,
+    /// As `CommandLine`, with mount's stderr a file that `JOURNAL_STREAM` names, as
+    /// systemd does for a unit whose output is the journal
+    /// ([`HelperMount::journal_text`] reads it).
+    UnderJournal,
 }
 
 impl HelperMount {
@@ -212,7 +217,7 @@ impl HelperMount {
         }
     }
 
-    fn run_mount(&self, via: Via) -> std::process::Output {
+    fn run_mount(&self, via: Via) -> Output {
         let mut cmd = Command::new("mount");
         match via {
             Via::Fstab => {
@@ -229,15 +234,47 @@ impl HelperMount {
                 .expect("writing an fstab file");
                 cmd.arg("--fstab").arg(&fstab).arg(&self.dir);
             }
-            Via::CommandLine => {
+            Via::CommandLine | Via::UnderJournal => {
                 cmd.args(["-t", "fuse.rmemfs", &self.source])
                     .arg(&self.dir)
                     .args(["-o", &self.options]);
             }
         }
-        // fsd's stderr goes to the journal when the helper's is one: not here.
-        cmd.env_remove("JOURNAL_STREAM");
-        run_within(&mut cmd, MOUNT_LIMIT, "mount")
+        if via != Via::UnderJournal {
+            // fsd's stderr goes to the journal when the helper's is one: not here.
+            cmd.env_remove("JOURNAL_STREAM");
+            return run_within(&mut cmd, MOUNT_LIMIT, "mount");
+        }
+        let path = self.dir.with_extension("journal");
+        let journal = std::fs::File::create(&path).expect("creating the stand-in journal");
+        let meta = journal.metadata().expect("stat of the stand-in journal");
+        cmd.env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(journal);
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("running `{}`: {e}", command_line(&cmd)));
+        let status = poll_until(MOUNT_LIMIT, || child.try_wait().ok().flatten());
+        let Some(status) = status else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "`{}` did not finish within {MOUNT_LIMIT:?}",
+                command_line(&cmd)
+            );
+        };
+        Output {
+            status,
+            stdout: Vec::new(),
+            stderr: std::fs::read(&path).unwrap_or_default(),
+        }
+    }
+
+    /// What mount, the helper and fsd wrote to the stand-in journal of a mount made
+    /// [`Via::UnderJournal`].
+    pub fn journal_text(&self) -> String {
+        std::fs::read_to_string(self.dir.with_extension("journal")).unwrap_or_default()
     }
 
     pub fn path(&self) -> &Path {
@@ -348,6 +385,7 @@ impl Drop for HelperMount {
         }
         let _ = std::fs::remove_dir(&self.dir);
         let _ = std::fs::remove_file(self.dir.with_extension("fstab"));
+        let _ = std::fs::remove_file(self.dir.with_extension("journal"));
         if let Some(log) = &self.log {
             let _ = std::fs::remove_file(log);
         }

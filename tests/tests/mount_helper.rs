@@ -212,6 +212,40 @@ fn an_fstab_line_mounts_with_source_and_type_and_umount_of_the_source_ends_it() 
 }
 
 #[test]
+fn under_the_journal_fsd_logs_to_the_helpers_stderr() {
+    require_root();
+    let memnode = MemnodeProc::start("64M");
+    let m = HelperMount::mount(
+        Via::UnderJournal,
+        memnode.transport(),
+        memnode.addr(),
+        "cache=8M,log=default",
+    );
+    let said = format!(
+        "mounted {} on {} as fuse.rmemfs",
+        memnode.addr(),
+        m.path().display()
+    );
+    let journal = rmemfs_tests::poll_until(LIMIT, || {
+        let text = m.journal_text();
+        text.contains(&said).then_some(text)
+    });
+    assert!(
+        journal.is_some(),
+        "fsd's log lines go to the journal (the helper's stderr); it has:\n{}",
+        m.journal_text()
+    );
+    let log = Path::new("/var/log/rmemfs").join(format!("{}.log", systemd_escape(m.path())));
+    assert!(
+        !log.exists(),
+        "no log file under the journal: {}",
+        log.display()
+    );
+    let dir = m.path().to_string_lossy().into_owned();
+    m.umount(&dir);
+}
+
+#[test]
 fn remount_read_only_and_back_changes_the_live_mount_without_a_second_fsd() {
     let memnode = MemnodeProc::start("64M");
     let m = mount(&memnode, memnode.addr(), "cache=16M");
@@ -272,18 +306,48 @@ fn remount_read_only_and_back_changes_the_live_mount_without_a_second_fsd() {
     m.umount(&dir);
 }
 
+/// Runs a program this test just wrote: another test thread that forks while the
+/// file is still open for writing holds a copy of that descriptor until its child
+/// execs, and exec fails with ETXTBSY meanwhile, so that is tried again (bounded).
+fn run_fresh_program(mut make: impl FnMut() -> Command) -> std::io::Result<std::process::Output> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match make().output() {
+            Err(e)
+                if e.raw_os_error() == Some(libc::ETXTBSY)
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            other => return other,
+        }
+    }
+}
+
+/// `id -u` run as nobody from `program`: the effective uid it reports.
+fn euid_as_nobody(program: &Path) -> String {
+    let out = run_fresh_program(|| {
+        let mut cmd = Command::new(program);
+        cmd.arg("-u").uid(NOBODY).gid(NOBODY);
+        cmd
+    })
+    .unwrap_or_else(|e| panic!("running {} as nobody: {e}", program.display()));
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        program.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 /// A setuid-root copy of `id` on `dir`, run as nobody: the effective uid it reports.
 fn setuid_id_euid(dir: &Path) -> String {
     let id = find_on_path("id").expect("id on PATH");
     let copy = dir.join("id-setuid");
     fs::copy(&id, &copy).unwrap_or_else(|e| panic!("copying {}: {e}", id.display()));
     fs::set_permissions(&copy, fs::Permissions::from_mode(0o4755)).expect("chmod 4755");
-    let out = run_ok(
-        Command::new(&copy).arg("-u").uid(NOBODY).gid(NOBODY),
-        LIMIT,
-        "setuid id as nobody",
-    );
-    out.trim().to_string()
+    euid_as_nobody(&copy)
 }
 
 #[test]
@@ -316,12 +380,7 @@ fn setuid_programs_gain_nothing_unless_mounted_allow_suid_as_on_tmpfs() {
         e.options
     );
     let id = suid.join("id-setuid");
-    let out = run_ok(
-        Command::new(&id).arg("-u").uid(NOBODY).gid(NOBODY),
-        LIMIT,
-        "setuid id as nobody after remount,ro",
-    );
-    assert_eq!(out.trim(), "0", "still suid after remount,ro");
+    assert_eq!(euid_as_nobody(&id), "0", "still suid after remount,ro");
     let tmpfs = TmpfsMount::start("8M");
     assert_eq!(
         setuid_id_euid(tmpfs.path()),
@@ -340,16 +399,14 @@ fn noexec_refuses_to_run_programs_until_remounted_exec() {
     fs::copy(&tru, &copy).expect("copying true");
     fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).expect("chmod");
     assert_errno(
-        Command::new(&copy).status(),
+        run_fresh_program(|| Command::new(&copy)),
         libc::EACCES,
         "running a program on a noexec mount",
     );
     let (status, err) = m.mount_again(&["-o", "remount,exec"]);
     assert!(status.success(), "mount -o remount,exec: {err}");
-    let ran = Command::new(&copy)
-        .status()
-        .expect("running true after remount,exec");
-    assert!(ran.success());
+    let ran = run_fresh_program(|| Command::new(&copy)).expect("running true after remount,exec");
+    assert!(ran.status.success());
 }
 
 fn make_null_device(path: &Path) {
