@@ -637,6 +637,43 @@ fn a_bad_option_or_source_fails_the_mount_naming_it_and_mounts_nothing() {
     let _ = fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn a_mount_that_outlasts_mount_timeout_is_stopped_and_fails() {
+    require_root();
+    // A frozen memnode accepts connections but never answers fsd's hello.
+    let memnode = MemnodeProc::start("64M");
+    memnode.freeze();
+    let started = std::time::Instant::now();
+    let result = HelperMount::try_mount(
+        Via::CommandLine,
+        memnode.transport(),
+        memnode.addr(),
+        "mount_timeout=2,op_timeout=60",
+    );
+    memnode.thaw();
+    let failure = match result {
+        Ok(m) => panic!("mounted on {} from a frozen memnode", m.path().display()),
+        Err(f) => f,
+    };
+    let took = started.elapsed();
+    assert_eq!(failure.status.code(), Some(32), "{}", failure.stderr);
+    assert!(
+        failure.stderr.contains("did not mount") && failure.stderr.contains("within 2s"),
+        "{}",
+        failure.stderr
+    );
+    assert!(
+        took < Duration::from_secs(20),
+        "the helper gave up after {took:?}"
+    );
+    assert_eq!(failure.mount.entry(), None, "nothing mounted");
+    assert_eq!(
+        fsd_serving(failure.mount.path()),
+        Vec::<u32>::new(),
+        "the helper stopped the fsd it started"
+    );
+}
+
 /// Where `secret` shows: in `ps` output, /proc/mounts, findmnt, fsd's command line
 /// or environment.
 fn places_showing(secret: &str, fsd: u32) -> Vec<String> {
