@@ -59,8 +59,14 @@ fn an_unknown_transport_is_a_usage_error() {
 #[test]
 fn an_unknown_mount_option_or_an_empty_fsname_is_a_usage_error_naming_it() {
     for (args, says) in [
-        (&["-o", "nosuid,bogus"][..], "unknown mount option \"bogus\""),
-        (&["-o", "ro", "-o", "cache=1G"][..], "unknown mount option \"cache=1G\""),
+        (
+            &["-o", "nosuid,bogus"][..],
+            "unknown mount option \"bogus\"",
+        ),
+        (
+            &["-o", "ro", "-o", "cache=1G"][..],
+            "unknown mount option \"cache=1G\"",
+        ),
         (&["--fsname", ""][..], "non-empty"),
     ] {
         let (out, _) = fsd(args);
