@@ -120,7 +120,7 @@ fn options_of(mountinfo: &str, mountpoint: &Path) -> Option<(AtimeMode, bool)> {
 }
 
 /// mountinfo writes space, tab, newline and backslash as `\` and three octal digits.
-fn unescape(s: &str) -> String {
+pub(crate) fn unescape(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

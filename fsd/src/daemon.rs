@@ -4,7 +4,7 @@
 use crate::fs::{Caller, RmemFs};
 use crate::fuse::ring::FuseTransport;
 use crate::fuse::{CacheMode, FuseAdapter, MountChoices};
-use crate::mount::{Mounted, Serving};
+use crate::mount::{MountOptions, MountSpec, Mounted, Serving};
 use crate::remote::{Connector, RemoteConfig, RemoteStore, VolumeSpec, MAX_REPLICAS};
 use crate::stats::Snapshot;
 use crate::volume::Volume;
@@ -151,6 +151,16 @@ pub struct Options {
     /// the memnodes then refuse that fsd's writes.
     #[arg(long, requires = "volume")]
     pub takeover: bool,
+    /// Mount options, comma-separated (repeatable): ro, rw, nosuid and nodev (the
+    /// defaults, as libfuse's), suid, dev, noexec, exec, relatime (the default),
+    /// strictatime, noatime, nodiratime, allow_other, default_permissions.
+    #[arg(short = 'o', value_name = "OPTIONS", value_parser = crate::mount::options_arg)]
+    pub mount_options: Vec<String>,
+    /// What /proc/mounts shows as the mounted device (the mount helper passes
+    /// its SOURCE); the type is always fuse.rmemfs.
+    #[arg(long, value_name = "NAME", default_value = "rmemfs",
+          value_parser = crate::mount::fsname_arg)]
+    pub fsname: String,
 }
 
 impl Options {
@@ -360,7 +370,9 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         format_size(opts.block_size)
     );
 
-    let config = crate::mount::config("rmemfs", opts.threads, owner.uid == 0);
+    let mut spec = MountSpec::new("rmemfs", opts.threads);
+    spec.fsname = opts.fsname.clone();
+    spec.options = MountOptions::parse(&opts.mount_options.join(","))?;
     // A second signal: write back what can be and exit; files still open on the
     // detached mount then fail with ENOTCONN.
     let last_resort = {
@@ -380,7 +392,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             },
         )),
         &opts.mountpoint,
-        &config,
+        &spec,
         Serving {
             transport: opts.fuse_transport,
             threads: opts.threads,

@@ -8,7 +8,9 @@
 //! - [`remote`]: memnode connections, block placement and batched block I/O.
 //! - [`fuse`]: the thin fuser adapter, the only place errno appears.
 //! - [`stats`]: counters of remote traffic and of the cache, written for benchmarks.
-//! - [`mount`]: the mount options, and serving until unmounted or signalled.
+//! - [`mount`]: the mount options, mount(2), and serving until unmounted or signalled.
+//! - [`mount_helper`]: `mount.fuse.rmemfs`, what mount(8) and fstab run: SOURCE and
+//!   option parsing, starting fsd detached, remounts.
 //! - [`daemon`]: startup, periodic flushing, write-back and shutdown.
 //! - [`volume`]: durable volumes: the metadata kept in remote memory.
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -22,6 +24,7 @@ pub mod fs;
 pub mod fuse;
 pub mod inode;
 pub mod mount;
+pub mod mount_helper;
 pub mod namespace;
 pub mod privs;
 pub mod remote;

@@ -55,3 +55,23 @@ fn an_unknown_transport_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("unknown transport"), "{err}");
 }
+
+#[test]
+fn an_unknown_mount_option_or_an_empty_fsname_is_a_usage_error_naming_it() {
+    for (args, says) in [
+        (
+            &["-o", "nosuid,bogus"][..],
+            "unknown mount option \"bogus\"",
+        ),
+        (
+            &["-o", "ro", "-o", "cache=1G"][..],
+            "unknown mount option \"cache=1G\"",
+        ),
+        (&["--fsname", ""][..], "non-empty"),
+    ] {
+        let (out, _) = fsd(args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "fsd {args:?}: {err}");
+        assert!(err.contains(says), "fsd {args:?}: {err}");
+    }
+}

@@ -73,8 +73,8 @@ impl FsdMount {
         let entry = poll_until(MOUNT_LIMIT, || mount_entry(&mount.mountpoint));
         assert!(
             entry.as_ref().is_some_and(MountEntry::is_rmemfs),
-            "after `fsd mounted`, /proc/self/mountinfo should list {} as {FSTYPE} \
-             (or fuse with source rmemfs), but has {entry:?}; stderr:\n{}",
+            "after `fsd mounted`, /proc/self/mountinfo should list {} as {FSTYPE}, \
+             but has {entry:?}; stderr:\n{}",
             mount.mountpoint.display(),
             mount.stderr()
         );
@@ -278,6 +278,12 @@ impl FsdMount {
         &self.args
     }
 
+    /// What /proc/self/mountinfo shows at the mountpoint; panics if nothing.
+    pub fn entry(&self) -> MountEntry {
+        mount_entry(&self.mountpoint)
+            .unwrap_or_else(|| panic!("{} is not mounted", self.mountpoint.display()))
+    }
+
     /// The mountpoint.
     pub fn path(&self) -> &Path {
         &self.mountpoint
@@ -445,14 +451,22 @@ fn detach(mountpoint: &Path) {
 pub struct MountEntry {
     pub fstype: String,
     pub source: String,
+    /// The per-mount options (`rw,nosuid,nodev,relatime`).
+    pub options: String,
+    /// The filesystem's own options (`rw,user_id=0,...,allow_other`).
+    pub super_options: String,
 }
 
 impl MountEntry {
-    /// True for an fsd mount. Through fusermount3 (and for a mount(2) that passes the
-    /// subtype) the type reads `fuse.rmemfs`; fuser's own mount(2) as root drops the
-    /// subtype, leaving type `fuse` with source `rmemfs` (fsd's FSName).
+    /// True for an fsd mount: fsd as root mounts with mount(2) itself, so the
+    /// kernel records the type `fuse.rmemfs` (fuser's own mount dropped the subtype).
     pub fn is_rmemfs(&self) -> bool {
-        self.fstype == FSTYPE || (self.fstype == "fuse" && self.source == "rmemfs")
+        self.fstype == FSTYPE
+    }
+
+    /// True if the per-mount options include `word` (`nosuid`, `ro`, ...).
+    pub fn has_option(&self, word: &str) -> bool {
+        self.options.split(',').any(|o| o == word)
     }
 }
 
@@ -465,10 +479,17 @@ pub fn mount_entry(mountpoint: &Path) -> Option<MountEntry> {
         // id parent major:minor root MOUNTPOINT options [optional...] - FSTYPE SOURCE superopts
         let mut fields = line.split(' ');
         let point = unescape_mountinfo(fields.nth(4)?);
+        let options = fields.next()?.to_string();
         let mut rest = fields.skip_while(|f| *f != "-").skip(1);
         let fstype = rest.next()?.to_string();
         let source = unescape_mountinfo(rest.next()?);
-        (point == want).then_some(MountEntry { fstype, source })
+        let super_options = rest.next().unwrap_or_default().to_string();
+        (point == want).then_some(MountEntry {
+            fstype,
+            source,
+            options,
+            super_options,
+        })
     })
 }
 

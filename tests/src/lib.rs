@@ -17,6 +17,8 @@
 //!   that fsd exits 0. Its `Drop` detaches the mount and kills fsd, so a failing test
 //!   never leaves a mount behind. `FsdMount::refused` runs fsd with arguments it must
 //!   reject before mounting.
+//! - [`helper`] installs rmemfs with `scripts/install` and mounts it through mount(8)
+//!   and the `mount.fuse.rmemfs` helper ([`HelperMount`]), as an administrator does.
 //! - [`stats`] reads fsd's `--stats-file` and waits, bounded, for its counters to
 //!   reach a state.
 //! - [`within`] runs a closure under a time limit: it proves "fails in bounded time"
@@ -42,6 +44,7 @@ pub mod command;
 pub mod data;
 pub mod fileset;
 pub mod fsd;
+pub mod helper;
 pub mod kernel;
 pub mod memnode;
 mod output;
@@ -55,6 +58,7 @@ pub mod volume;
 
 pub use data::{Pattern, UncachedReader, MIB};
 pub use fsd::{mount_entry, FsdMount, MountEntry, Refusal};
+pub use helper::{HelperMount, Via};
 pub use memnode::MemnodeProc;
 pub use stats::{FsdStats, StatsFile};
 pub use tmpfs::TmpfsMount;

@@ -58,14 +58,14 @@ fn run(opts: Options) -> anyhow::Result<()> {
     }
     // SAFETY: geteuid/getegid have no preconditions and cannot fail.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    let config = fsd::mount::config("nullfs", opts.threads, uid == 0);
+    let spec = fsd::mount::MountSpec::new("nullfs", opts.threads);
     let cache = CacheMode::from_flags(opts.page_cache, opts.writeback_cache);
     let fs = std::sync::Arc::new(fuse::NullFs::new(uid, gid, cache));
     let serving = fsd::mount::Serving {
         transport: opts.fuse_transport,
         threads: opts.threads,
     };
-    fsd::mount::Mounted::new(fs, &opts.mountpoint, &config, serving, "nullfs", || {})?.run()?;
+    fsd::mount::Mounted::new(fs, &opts.mountpoint, &spec, serving, "nullfs", || {})?.run()?;
     log::info!("unmounted {}", opts.mountpoint.display());
     Ok(())
 }
