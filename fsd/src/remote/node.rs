@@ -15,6 +15,7 @@ use super::refill::Refill;
 use super::{lock, Connector, RemoteError};
 use rmemfs_common::control::{self, ControlError, VolumeInfo};
 use rmemfs_common::fabric::{Endpoint, FabricError};
+use rmemfs_common::protocol::NodeStats;
 use rmemfs_common::size::format_size;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -170,6 +171,9 @@ pub(super) struct Node {
     /// Set when the node refused an allocation for lack of space; cleared on a free.
     pub full: AtomicBool,
     pub refill: Refill,
+    /// The memnode's memory as its last heartbeat answered (for status and metrics:
+    /// the heartbeat's Stat costs no extra round trip).
+    pub usage: Mutex<Option<NodeStats>>,
 }
 
 impl Node {
@@ -199,6 +203,7 @@ impl Node {
             }),
             full: AtomicBool::new(false),
             refill: Refill::default(),
+            usage: Mutex::new(None),
         })
     }
 
@@ -220,6 +225,7 @@ impl Node {
             }),
             full: AtomicBool::new(false),
             refill: Refill::default(),
+            usage: Mutex::new(None),
         }
     }
 
@@ -325,12 +331,13 @@ impl Node {
         Ok(())
     }
 
-    /// Asks the node for its statistics; a failure to answer puts it down.
+    /// Asks the node for its statistics (kept in `usage`); a failure to answer puts
+    /// it down.
     pub fn heartbeat(&self) -> Result<(), RemoteError> {
         let link = self.link()?;
-        control::stat(link.control())
-            .map(|_| ())
-            .map_err(|e| self.control_error(link.epoch, e))
+        let stats = control::stat(link.control()).map_err(|e| self.control_error(link.epoch, e))?;
+        *lock(&self.usage) = Some(stats);
+        Ok(())
     }
 }
 
