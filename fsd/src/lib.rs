@@ -8,6 +8,8 @@
 //! - [`remote`]: memnode connections, block placement and batched block I/O.
 //! - [`fuse`]: the thin fuser adapter, the only place errno appears.
 //! - [`stats`]: counters of remote traffic and of the cache, written for benchmarks.
+//! - [`metrics`]: the same counters and latency histograms for Prometheus (`--metrics`).
+//! - [`status`]: the status file a running fsd keeps for `rmemfs status`.
 //! - [`mount`]: the mount options, and serving until unmounted or signalled.
 //! - [`daemon`]: startup, periodic flushing, write-back and shutdown.
 //! - [`volume`]: durable volumes: the metadata kept in remote memory.
@@ -21,9 +23,11 @@ pub mod error;
 pub mod fs;
 pub mod fuse;
 pub mod inode;
+pub mod metrics;
 pub mod mount;
 pub mod namespace;
 pub mod privs;
 pub mod remote;
 pub mod stats;
+pub mod status;
 pub mod volume;
