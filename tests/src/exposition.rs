@@ -286,7 +286,7 @@ pub fn parse(text: &str, format: Format) -> Result<Exposition, String> {
                 fam.kind
             )));
         }
-        if fam.kind == "counter" && !(value >= 0.0) {
+        if fam.kind == "counter" && (value.is_nan() || value < 0.0) {
             return Err(at("a negative or NaN counter".into()));
         }
         let key = format!("{name}{labels:?}");
@@ -313,9 +313,13 @@ pub fn parse(text: &str, format: Format) -> Result<Exposition, String> {
     Ok(exp)
 }
 
+/// One label set of a histogram: its buckets (upper bound, count) in order, and its
+/// `_count`.
+type Series = (Vec<(f64, f64)>, Option<f64>);
+
 fn check_histogram(name: &str, fam: &Family) -> Result<(), String> {
     // Per label set (le aside): the buckets in order and the count.
-    let mut sets: BTreeMap<String, (Vec<(f64, f64)>, Option<f64>)> = BTreeMap::new();
+    let mut sets: BTreeMap<String, Series> = BTreeMap::new();
     for s in &fam.samples {
         let mut rest = s.labels.clone();
         let le = rest.remove("le");
