@@ -32,7 +32,8 @@ pub struct MemnodeEntry {
     pub up: bool,
     /// Block copies it holds, as of fsd's last count.
     pub copies: u64,
-    /// Its memory as its last heartbeat answered (absent before the first).
+    /// Its memory as its last heartbeat answered (absent while it is down and
+    /// before the first heartbeat).
     pub capacity: Option<u64>,
     /// Memory it has handed out, to this fsd and to every other client.
     pub used: Option<u64>,

@@ -784,9 +784,10 @@ impl RemoteStore {
 
     /// Node `idx`'s memory as its last heartbeat (once a second) reported it, and
     /// the bytes fsd holds there unused (in its block pool; the memnode counts them
-    /// as used). `None` before the first heartbeat answered.
+    /// as used). `None` while the node is down and before the first heartbeat of its
+    /// link answered.
     pub fn node_usage(&self, idx: usize) -> Option<NodeUsage> {
-        let node = self.nodes.get(idx)?;
+        let node = self.nodes.get(idx).filter(|n| n.is_up())?;
         let stats = (*lock(&node.usage))?;
         Some(NodeUsage {
             capacity: stats.capacity,

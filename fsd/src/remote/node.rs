@@ -318,6 +318,8 @@ impl Node {
             pool.epoch = epoch;
         }
         self.full.store(false, Ordering::Relaxed);
+        // The old usage was another process's or another epoch's.
+        *lock(&self.usage) = None;
         let mut s = self.write_state();
         s.link = Some(Arc::new(link));
         s.epoch = epoch;
