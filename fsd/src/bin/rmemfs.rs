@@ -83,10 +83,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show how a running mount is doing: its memnodes (up or down, memory used),
-    /// copies, cache, degraded and lost blocks, re-replication and scrub progress,
-    /// checksum failures. Exit 0 when healthy, 1 when not, 2 when MOUNTPOINT has no
-    /// live rmemfs mount.
+    /// Show how a running mount is doing.
+    ///
+    /// Its memnodes (up or down, memory used), copies, cache, degraded and lost
+    /// blocks, re-replication and scrub progress, checksum failures, from the status
+    /// file its fsd rewrites once a second (docs/metrics.md). Exit 0 when healthy, 1
+    /// when not (a memnode down, blocks degraded or lost, fsd stuck), 2 when
+    /// MOUNTPOINT has no live rmemfs mount.
     Status {
         /// Where the filesystem is mounted.
         mountpoint: PathBuf,
