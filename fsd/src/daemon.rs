@@ -1,18 +1,22 @@
 //! fsd as a process: command line, connecting to memnodes (or starting an embedded
-//! one), mounting, the periodic flusher, and clean shutdown on SIGINT/SIGTERM.
+//! one), mounting, the periodic flusher, the metrics endpoint and status file, and
+//! clean shutdown on SIGINT/SIGTERM.
 
 use crate::fs::{Caller, RmemFs};
 use crate::fuse::ring::FuseTransport;
 use crate::fuse::{CacheMode, FuseAdapter, MountChoices};
+use crate::metrics::FsdCollector;
 use crate::mount::{MountOptions, MountSpec, Mounted, Serving};
 use crate::remote::{Connector, RemoteConfig, RemoteStore, VolumeSpec, MAX_REPLICAS};
 use crate::stats::Snapshot;
+use crate::status::{MountInfo, StatusWriter};
 use crate::volume::Volume;
 use anyhow::{bail, Context};
 use clap::Parser;
 use rmemfs_common::control::random_id;
 use rmemfs_common::fabric::{self, Transport};
 use rmemfs_common::size::{format_size, parse_size};
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -161,6 +165,10 @@ pub struct Options {
     #[arg(long, value_name = "NAME", default_value = "rmemfs",
           value_parser = crate::mount::fsname_arg)]
     pub fsname: String,
+    /// Serve Prometheus metrics over HTTP on this address (GET /metrics; port 0 picks
+    /// a free port, printed on stdout as `fsd metrics on ADDR`). Off by default.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics: Option<String>,
 }
 
 impl Options {
@@ -383,14 +391,30 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     // afterwards resolving it would ask the mount, which does not serve yet).
     let mountinfo_path =
         std::fs::canonicalize(&opts.mountpoint).unwrap_or_else(|_| opts.mountpoint.clone());
+    let adapter = Arc::new(FuseAdapter::new(
+        fs.clone(),
+        MountChoices {
+            xattrs: !opts.no_xattrs,
+            cache: CacheMode::from_flags(opts.page_cache, opts.writeback_cache),
+        },
+    ));
+    let _metrics = match &opts.metrics {
+        None => None,
+        Some(listen) => {
+            let collector = FsdCollector::new(fs.clone(), adapter.timing());
+            let embedded = _embedded.as_ref().map(memnode::Memnode::collector);
+            let server = crate::metrics::serve(listen, collector, embedded)
+                .with_context(|| format!("serving metrics on {listen}"))?;
+            log::info!("metrics on http://{}/metrics", server.local_addr());
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "fsd metrics on {}", server.local_addr())
+                .and_then(|()| out.flush())
+                .context("writing the metrics address to stdout")?;
+            Some(server)
+        }
+    };
     let mounted = Mounted::new(
-        Arc::new(FuseAdapter::new(
-            fs.clone(),
-            MountChoices {
-                xattrs: !opts.no_xattrs,
-                cache: CacheMode::from_flags(opts.page_cache, opts.writeback_cache),
-            },
-        )),
+        adapter,
         &opts.mountpoint,
         &spec,
         Serving {
@@ -483,6 +507,33 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         })
     });
 
+    // The status file `rmemfs status` reads (removed when the thread ends).
+    let status_writer = {
+        let dir = crate::status::paths::runtime_dir(owner.uid == 0);
+        if dir.is_none() {
+            log::warn!(
+                "no runtime directory (not root, no XDG_RUNTIME_DIR or RMEMFS_RUNTIME_DIR): \
+                 `rmemfs status` will not see this mount"
+            );
+        }
+        let info = MountInfo {
+            mountpoint: mountinfo_path.clone(),
+            volume: opts.volume.clone(),
+            embedded_memnode: _embedded.is_some(),
+        };
+        dir.and_then(|d| StatusWriter::create(&d, info))
+            .map(|mut w| {
+                let fs = fs.clone();
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    w.write(&fs);
+                    while !stop.wait(STATS_PERIOD) {
+                        w.write(&fs);
+                    }
+                })
+            })
+    };
+
     let result = mounted.run();
     stop.stop();
     let _ = flusher.join();
@@ -492,6 +543,9 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     }
     let _ = maintainer.join();
     if let Some(t) = stats_writer {
+        let _ = t.join();
+    }
+    if let Some(t) = status_writer {
         let _ = t.join();
     }
     // destroy() ran if the kernel said goodbye; shutting down twice is harmless.

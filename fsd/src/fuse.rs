@@ -4,12 +4,14 @@
 //! - `adapter.rs`: fsd's answers, calls into the core ([`crate::fs::RmemFs`]);
 //! - `classic.rs`: the classic transport, fuser's /dev/fuse loop;
 //! - `ring/`: FUSE over io_uring (Linux 6.14), beside the classic loop;
+//! - `timing.rs`: latency histograms of the adapter's handlers, by kind of request;
 //! - here: the settings both transports share and the one errno table.
 
 mod adapter;
 mod classic;
 pub mod ops;
 pub mod ring;
+pub mod timing;
 
 pub use adapter::{FuseAdapter, MountChoices};
 pub use classic::Classic;

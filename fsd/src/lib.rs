@@ -11,6 +11,8 @@
 //! - [`mount`]: the mount options, mount(2), and serving until unmounted or signalled.
 //! - [`mount_helper`]: `mount.fuse.rmemfs`, what mount(8) and fstab run: SOURCE and
 //!   option parsing, starting fsd detached, remounts.
+//! - [`metrics`]: the same counters and latency histograms for Prometheus (`--metrics`).
+//! - [`status`]: the status file a running fsd keeps for `rmemfs status`.
 //! - [`daemon`]: startup, periodic flushing, write-back and shutdown.
 //! - [`volume`]: durable volumes: the metadata kept in remote memory.
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -23,10 +25,12 @@ pub mod error;
 pub mod fs;
 pub mod fuse;
 pub mod inode;
+pub mod metrics;
 pub mod mount;
 pub mod mount_helper;
 pub mod namespace;
 pub mod privs;
 pub mod remote;
 pub mod stats;
+pub mod status;
 pub mod volume;

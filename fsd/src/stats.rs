@@ -4,14 +4,23 @@
 //! without any control traffic to the memnodes. It also shows redundancy: which
 //! memnodes are up, how many copies each holds, and how many blocks are degraded
 //! (fewer copies than `--replicas`) or lost.
+//!
+//! The object is flat and every value an unsigned integer: scripts subtract one
+//! reading from the next key by key (scripts/bench-lib/report.py) and the tests'
+//! parser takes nothing else (tests/src/stats.rs). The keys are [`Snapshot`]'s field
+//! names (`copies_restored` is written `rereplicated_blocks`), then the derived ones
+//! of [`Snapshot::to_json`]. `rmemfs status` reads the same object, with more beside
+//! it, from fsd's status file (`status.rs`).
 
 use crate::fs::{Redundancy, RmemFs};
+use serde::ser::{SerializeMap, Serializer};
+use serde::Serialize;
 use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
 /// One reading of every counter.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct Snapshot {
     pub file_reads: u64,
     pub file_read_bytes: u64,
@@ -41,6 +50,8 @@ pub struct Snapshot {
     pub cache_pages: u64,
     pub cache_capacity_pages: u64,
     pub block_size: u64,
+    /// Copies written to bring degraded blocks back to `--replicas` copies.
+    #[serde(rename = "rereplicated_blocks")]
     pub copies_restored: u64,
     /// Copies whose bytes failed their page checksum when read.
     pub checksum_failures: u64,
@@ -61,9 +72,45 @@ pub struct Snapshot {
     /// serves the mount).
     pub fuse_ring_requests: u64,
     /// Per memnode, in command-line order.
+    #[serde(skip)]
     pub node_up: Vec<bool>,
     /// As of the last maintenance pass (once a second).
+    #[serde(skip)]
     pub redundancy: Redundancy,
+}
+
+/// The stats object: the counters, then what derives from the memnodes' states and
+/// the copy count.
+#[derive(Serialize)]
+pub struct StatsRecord<'a> {
+    #[serde(flatten)]
+    counters: &'a Snapshot,
+    #[serde(flatten)]
+    derived: Derived<'a>,
+}
+
+/// `nodes_up`, `nodes_down`, `blocks`, `blocks_degraded`, `blocks_lost`, and per
+/// memnode `i` `node{i}_up` (1 or 0) and `node{i}_blocks` (copies it holds).
+struct Derived<'a>(&'a Snapshot);
+
+impl Serialize for Derived<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let snap = self.0;
+        let up = snap.node_up.iter().filter(|&&u| u).count() as u64;
+        let rd = &snap.redundancy;
+        let mut map = s.serialize_map(Some(5 + 2 * snap.node_up.len()))?;
+        map.serialize_entry("nodes_up", &up)?;
+        map.serialize_entry("nodes_down", &(snap.node_up.len() as u64 - up))?;
+        map.serialize_entry("blocks", &rd.blocks)?;
+        map.serialize_entry("blocks_degraded", &rd.degraded)?;
+        map.serialize_entry("blocks_lost", &rd.lost)?;
+        for (i, &u) in snap.node_up.iter().enumerate() {
+            map.serialize_entry(&format!("node{i}_up"), &(u as u64))?;
+            let copies = rd.per_node.get(i).copied().unwrap_or(0);
+            map.serialize_entry(&format!("node{i}_blocks"), &copies)?;
+        }
+        map.end()
+    }
 }
 
 impl Snapshot {
@@ -117,83 +164,39 @@ impl Snapshot {
         }
     }
 
-    /// The snapshot as one flat JSON object of counters: field names as in the
-    /// struct, then `nodes_up`, `nodes_down`, `blocks`, `blocks_degraded`,
-    /// `blocks_lost`, `rereplicated_blocks` (copies restored) and per memnode `i`
-    /// `node{i}_up` (1 or 0) and `node{i}_blocks` (copies it holds).
-    pub fn to_json(&self) -> String {
-        let up = self.node_up.iter().filter(|&&u| u).count() as u64;
-        let rd = &self.redundancy;
-        let mut fields: Vec<(String, u64)> = [
-            ("file_reads", self.file_reads),
-            ("file_read_bytes", self.file_read_bytes),
-            ("file_writes", self.file_writes),
-            ("file_write_bytes", self.file_write_bytes),
-            ("xattr_reads", self.xattr_reads),
-            ("file_copies", self.file_copies),
-            ("file_copy_bytes", self.file_copy_bytes),
-            ("copied_blocks", self.copied_blocks),
-            ("memnode_copy_bytes", self.memnode_copy_bytes),
-            ("remote_reads", self.remote_reads),
-            ("remote_read_bytes", self.remote_read_bytes),
-            ("remote_writes", self.remote_writes),
-            ("remote_write_bytes", self.remote_write_bytes),
-            ("chunk_allocs", self.chunk_allocs),
-            ("chunk_allocs_waited", self.chunk_allocs_waited),
-            ("chunk_frees", self.chunk_frees),
-            ("cache_hits", self.cache_hits),
-            ("cache_misses", self.cache_misses),
-            ("cache_evictions", self.cache_evictions),
-            ("cache_writebacks", self.cache_writebacks),
-            ("cache_partial_writes", self.cache_partial_writes),
-            ("cache_partial_fills", self.cache_partial_fills),
-            ("cache_partial_stores", self.cache_partial_stores),
-            ("cache_pages", self.cache_pages),
-            ("cache_capacity_pages", self.cache_capacity_pages),
-            ("block_size", self.block_size),
-            ("replicas", self.replicas),
-            ("fuse_ring_requests", self.fuse_ring_requests),
-            ("nodes_up", up),
-            ("nodes_down", self.node_up.len() as u64 - up),
-            ("blocks", rd.blocks),
-            ("blocks_degraded", rd.degraded),
-            ("blocks_lost", rd.lost),
-            ("rereplicated_blocks", self.copies_restored),
-            ("checksum_failures", self.checksum_failures),
-            ("pages_repaired", self.pages_repaired),
-            ("scrub_passes", self.scrub_passes),
-            ("scrub_pass_blocks", self.scrub_pass_blocks),
-            ("scrub_bytes", self.scrub_bytes),
-            ("scrub_bad_pages", self.scrub_bad_pages),
-            ("scrub_adopted_pages", self.scrub_adopted_pages),
-            ("scrub_unsettled_pages", self.scrub_unsettled_pages),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-        for (i, &u) in self.node_up.iter().enumerate() {
-            fields.push((format!("node{i}_up"), u as u64));
-            let copies = rd.per_node.get(i).copied().unwrap_or(0);
-            fields.push((format!("node{i}_blocks"), copies));
+    /// The stats object of this snapshot, to serialize alone or inside another.
+    pub fn record(&self) -> StatsRecord<'_> {
+        StatsRecord {
+            counters: self,
+            derived: Derived(self),
         }
-        let body: Vec<String> = fields
-            .iter()
-            .map(|(k, v)| format!("  \"{k}\": {v}"))
-            .collect();
-        format!("{{\n{}\n}}\n", body.join(",\n"))
+    }
+
+    /// The snapshot as one flat JSON object of counters (see the module's doc), one
+    /// per line.
+    pub fn to_json(&self) -> String {
+        // Serializing plain integers and strings into memory cannot fail.
+        let mut text = serde_json::to_string_pretty(&self.record()).unwrap_or_default();
+        text.push('\n');
+        text
     }
 
     /// Replaces `path` with this snapshot (write to a temporary file, then rename, so
     /// a reader never sees half a file).
     pub fn write_to(&self, path: &Path) -> std::io::Result<()> {
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        let tmp = std::path::PathBuf::from(tmp);
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(self.to_json().as_bytes())?;
-        drop(f);
-        std::fs::rename(&tmp, path)
+        replace_file(path, self.to_json().as_bytes())
     }
+}
+
+/// Replaces `path` with `bytes`: written to `path` + `.tmp`, then renamed over it.
+pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    drop(f);
+    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]
@@ -241,8 +244,71 @@ mod tests {
         assert!(json.contains("\"remote_read_bytes\": 196608,"), "{json}");
         assert!(json.contains("\"chunk_allocs\": 1,"), "{json}");
         assert!(json.contains("\"block_size\": 65536,"), "{json}");
-        assert_eq!(json.matches(':').count(), 35 + 7 + 2 * 2);
+        // Every key scripts and tests read, and no other: the keys fsd has always
+        // written, and for each memnode its two.
+        let parsed: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&json).expect("the stats are one JSON object");
+        let mut keys: Vec<&str> = parsed.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        let mut expected: Vec<&str> = KEYS
+            .iter()
+            .copied()
+            .chain(["node0_up", "node0_blocks", "node1_up", "node1_blocks"])
+            .collect();
+        expected.sort_unstable();
+        assert_eq!(keys, expected);
+        assert!(
+            parsed.values().all(|v| v.is_u64()),
+            "every value is an unsigned integer: {json}"
+        );
     }
+
+    /// The keys of the stats object before it was written with serde, in their order
+    /// then.
+    const KEYS: [&str; 42] = [
+        "file_reads",
+        "file_read_bytes",
+        "file_writes",
+        "file_write_bytes",
+        "xattr_reads",
+        "file_copies",
+        "file_copy_bytes",
+        "copied_blocks",
+        "memnode_copy_bytes",
+        "remote_reads",
+        "remote_read_bytes",
+        "remote_writes",
+        "remote_write_bytes",
+        "chunk_allocs",
+        "chunk_allocs_waited",
+        "chunk_frees",
+        "cache_hits",
+        "cache_misses",
+        "cache_evictions",
+        "cache_writebacks",
+        "cache_partial_writes",
+        "cache_partial_fills",
+        "cache_partial_stores",
+        "cache_pages",
+        "cache_capacity_pages",
+        "block_size",
+        "replicas",
+        "fuse_ring_requests",
+        "nodes_up",
+        "nodes_down",
+        "blocks",
+        "blocks_degraded",
+        "blocks_lost",
+        "rereplicated_blocks",
+        "checksum_failures",
+        "pages_repaired",
+        "scrub_passes",
+        "scrub_pass_blocks",
+        "scrub_bytes",
+        "scrub_bad_pages",
+        "scrub_adopted_pages",
+        "scrub_unsettled_pages",
+    ];
 
     #[test]
     fn writing_replaces_the_file_whole() {

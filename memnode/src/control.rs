@@ -32,6 +32,7 @@
 //! taken back rather than left beside the volume.
 
 use crate::allocator::{AllocError, Owner};
+use crate::counters::ControlCounters;
 use crate::pool::{ChunkPool, PoolError};
 use crate::volumes::{Holder, OpenPlan, TakeoverReason, VolumeError, VolumeTable};
 use rmemfs_common::fabric::{ConnectionState, ControlHandler, ControlReply};
@@ -55,6 +56,8 @@ pub struct ControlService {
     volumes: Mutex<VolumeTable>,
     /// When each connected client last sent a request.
     heard: Mutex<HashMap<u64, Instant>>,
+    /// Requests served and refused (metrics).
+    pub counters: ControlCounters,
 }
 
 /// A volume name for logs.
@@ -65,16 +68,22 @@ fn show(name: &[u8]) -> String {
 // The smallest summary in a VolumeListing body: a one-byte name.
 const MIN_SUMMARY: usize = 2 + 1 + 8 + 8 + 4 + 8;
 
-fn reply(resp: Response) -> ControlReply {
-    ControlReply {
-        frame: resp.encode(),
+/// A reply before encoding, and whether the connection closes after it.
+struct Answer {
+    response: Response,
+    close: bool,
+}
+
+fn reply(response: Response) -> Answer {
+    Answer {
+        response,
         close: false,
     }
 }
 
-fn refuse_and_close(code: ErrorCode, message: String) -> ControlReply {
-    ControlReply {
-        frame: Response::error(code, message).encode(),
+fn refuse_and_close(code: ErrorCode, message: String) -> Answer {
+    Answer {
+        response: Response::error(code, message),
         close: true,
     }
 }
@@ -107,6 +116,7 @@ impl ControlService {
             clients: Mutex::new(HashMap::new()),
             volumes: Mutex::new(VolumeTable::new()),
             heard: Mutex::new(HashMap::new()),
+            counters: ControlCounters::default(),
         }
     }
 
@@ -135,6 +145,11 @@ impl ControlService {
         self.volumes().summaries()
     }
 
+    /// Authenticated connections open now.
+    pub fn connections(&self) -> usize {
+        self.clients().values().sum()
+    }
+
     pub fn node_id(&self) -> u64 {
         self.node_id
     }
@@ -150,7 +165,7 @@ impl ControlService {
         }
     }
 
-    fn hello(&self, conn: &mut ConnectionState, client_id: u64, token: &[u8]) -> ControlReply {
+    fn hello(&self, conn: &mut ConnectionState, client_id: u64, token: &[u8]) -> Answer {
         if let Some(expected) = &self.token {
             if !constant_time_eq(expected, token) {
                 log::warn!(
@@ -566,7 +581,27 @@ fn pool_error_code(e: &PoolError) -> ErrorCode {
 
 impl ControlHandler for ControlService {
     fn handle(&self, conn: &mut ConnectionState, frame: &[u8]) -> ControlReply {
-        let req = match Request::decode(frame) {
+        let answer = self.answer(conn, frame);
+        if let Response::Error { code, .. } = &answer.response {
+            self.counters.refused(*code);
+        }
+        ControlReply {
+            frame: answer.response.encode(),
+            close: answer.close,
+        }
+    }
+
+    fn disconnected(&self, conn: &ConnectionState) {
+        self.disconnect(conn);
+    }
+}
+
+impl ControlService {
+    /// The answer to one control frame.
+    fn answer(&self, conn: &mut ConnectionState, frame: &[u8]) -> Answer {
+        let decoded = Request::decode(frame);
+        self.counters.request(decoded.as_ref().ok());
+        let req = match decoded {
             Ok(r) => r,
             Err(e @ ProtocolError::Version { .. }) => {
                 log::info!("refusing {} (conn {}): {e}", conn.peer, conn.conn_id);
@@ -590,7 +625,8 @@ impl ControlHandler for ControlService {
         }
     }
 
-    fn disconnected(&self, conn: &ConnectionState) {
+    /// A connection ended: the client's last one gives its scratch memory back.
+    fn disconnect(&self, conn: &ConnectionState) {
         let Some(client) = conn.client else { return };
         let revoked = {
             let mut clients = self.clients();

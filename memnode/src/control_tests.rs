@@ -388,3 +388,51 @@ fn copy_moves_bytes_between_a_clients_chunks_and_checks_every_span_first() {
         .unwrap();
     assert!(theirs_back.iter().all(|&x| x == 9));
 }
+
+#[test]
+fn requests_and_refusals_show_in_the_metrics() {
+    use prometheus_client::encoding::text::encode;
+    use prometheus_client::registry::Registry;
+    let s = Arc::new(service(Some(TOKEN)));
+    let mut bad = conn(1);
+    assert_eq!(
+        code(&ask(&s, &mut bad, &hello(7, b"wrong")).0),
+        Some(ErrorCode::AuthFailed)
+    );
+    let mut c = conn(2);
+    ask(&s, &mut c, &hello(8, TOKEN));
+    ask(&s, &mut c, &Request::Stat);
+    let page = system_page_size();
+    assert!(code(&ask(&s, &mut c, &Request::Alloc { bytes: page }).0).is_none());
+    let too_much = Request::Alloc { bytes: 1 << 40 };
+    assert_eq!(
+        code(&ask(&s, &mut c, &too_much).0),
+        Some(ErrorCode::NoSpace)
+    );
+    // A frame of another protocol version.
+    send_raw(&s, &mut conn(3), b"\x01garbage");
+    let mut reg = Registry::default();
+    reg.register_collector(Box::new(crate::metrics::MemnodeCollector { control: s }));
+    let mut out = String::new();
+    encode(&mut out, &reg).unwrap();
+    for line in [
+        format!("memnode_capacity_bytes {}", 16 * page),
+        format!("memnode_used_bytes {page}"),
+        "memnode_chunks 1".to_string(),
+        "memnode_clients 1".to_string(),
+        "memnode_connections 1".to_string(),
+        "memnode_volumes 0".to_string(),
+        "memnode_control_requests_total{request=\"hello\"} 2".to_string(),
+        "memnode_control_requests_total{request=\"stat\"} 1".to_string(),
+        "memnode_control_requests_total{request=\"alloc\"} 2".to_string(),
+        "memnode_control_requests_total{request=\"malformed\"} 1".to_string(),
+        "memnode_control_refused_total{reason=\"auth_failed\"} 1".to_string(),
+        "memnode_control_refused_total{reason=\"no_space\"} 1".to_string(),
+        "memnode_control_refused_total{reason=\"version_mismatch\"} 1".to_string(),
+    ] {
+        assert!(
+            out.lines().any(|l| l == line),
+            "no line {line:?} in:\n{out}"
+        );
+    }
+}

@@ -8,7 +8,7 @@
 //!   chunk with the fabric's memory registry (for its owner) and deregisters it on
 //!   free; the backend does the rest (the NIC with verbs, the tcp server with tcp);
 //! - the two-sided path (`control`): Hello, Alloc, Free, Stat and the volume
-//!   requests.
+//!   requests, counted for the metrics (`counters`, `metrics`).
 //!
 //! Chunks are scratch memory of the client that allocated them (reclaimed when its
 //! last connection closes) unless the client opened a **volume** (`volumes`): a
@@ -26,10 +26,13 @@
 
 mod allocator;
 mod control;
+mod counters;
+mod metrics;
 mod pool;
 mod region;
 mod volumes;
 
+pub use metrics::MemnodeCollector;
 pub use region::RegionError;
 
 use rmemfs_common::fabric::{self, FabricError, Server, Transport};
@@ -182,6 +185,13 @@ impl Memnode {
     /// Every volume, in name order.
     pub fn volumes(&self) -> Vec<VolumeSummary> {
         self.control.volumes_summary()
+    }
+
+    /// The memnode's metrics (`memnode_...`), read whenever they are scraped.
+    pub fn collector(&self) -> MemnodeCollector {
+        MemnodeCollector {
+            control: self.control.clone(),
+        }
     }
 
     /// Stops accepting and closes every connection. Idempotent.

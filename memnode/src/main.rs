@@ -4,12 +4,16 @@
 //! Stdout carries two lines, printed and flushed once the listener is bound:
 //! `memnode transport <BACKEND> (<WHY>)`, then `memnode listening on <ADDR> capacity
 //! <BYTES>` (scripts and tests read the port from the latter when listening on port
-//! 0, so its shape never changes). Everything else goes to the log on stderr.
+//! 0, so its shape never changes). With `--metrics`, `memnode metrics on <ADDR>`
+//! comes between them, once the metrics endpoint listens. Everything else goes to
+//! the log on stderr.
 
 use clap::Parser;
 use memnode::{Memnode, MemnodeConfig};
 use rmemfs_common::fabric::{self, Transport};
 use rmemfs_common::size::parse_size;
+use rmemfs_metrics::prometheus_client::registry::Registry;
+use rmemfs_metrics::MetricsServer;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use std::io::Write;
@@ -63,6 +67,11 @@ struct Cli {
     #[arg(long, value_name = "SECS", default_value_t = memnode::DEFAULT_LEASE.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     lease_secs: u64,
+
+    /// Serve Prometheus metrics over HTTP on this address (GET /metrics; port 0
+    /// picks a free port, printed on stdout). Off by default.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics: Option<String>,
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -99,9 +108,24 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         lease: std::time::Duration::from_secs(cli.lease_secs),
     })
     .with_context(|| format!("starting memnode on {}", cli.listen))?;
+    let metrics = match &cli.metrics {
+        None => None,
+        Some(listen) => {
+            let mut registry = Registry::default();
+            registry.register_collector(Box::new(node.collector()));
+            let server = MetricsServer::start(listen, registry)
+                .with_context(|| format!("serving metrics on {listen}"))?;
+            log::info!("metrics on http://{}/metrics", server.local_addr());
+            Some(server)
+        }
+    };
     let capacity = node.stats().capacity;
     let mut out = std::io::stdout().lock();
     writeln!(out, "memnode transport {}", node.transport_choice())
+        .and_then(|()| match &metrics {
+            Some(m) => writeln!(out, "memnode metrics on {}", m.local_addr()),
+            None => Ok(()),
+        })
         .and_then(|()| {
             writeln!(
                 out,

@@ -31,6 +31,8 @@ pub struct FsdMount {
     mountpoint: PathBuf,
     args: Vec<String>,
     stderr: Tail,
+    /// The metrics endpoint's address, when fsd was started with `--metrics`.
+    metrics: Option<String>,
 }
 
 impl FsdMount {
@@ -113,7 +115,12 @@ impl FsdMount {
             .chain(args.iter().cloned())
             .collect();
         let (mut child, stdout, stderr) = output::spawn_daemon(&bin, &argv, "fsd");
+        // With --metrics, `fsd metrics on <ADDR>` comes before the mounted line.
+        let metrics = std::cell::RefCell::new(None::<String>);
         let announced = output::wait_for_line(&mut child, &stdout, MOUNT_LIMIT, |l| {
+            if let Some(a) = l.strip_prefix("fsd metrics on ") {
+                *metrics.borrow_mut() = Some(a.trim().to_string());
+            }
             l.starts_with("fsd mounted ")
         });
         let mount = FsdMount {
@@ -121,6 +128,7 @@ impl FsdMount {
             mountpoint,
             args,
             stderr,
+            metrics: metrics.into_inner(),
         };
         (mount, announced)
     }
@@ -282,6 +290,17 @@ impl FsdMount {
     pub fn entry(&self) -> MountEntry {
         mount_entry(&self.mountpoint)
             .unwrap_or_else(|| panic!("{} is not mounted", self.mountpoint.display()))
+    }
+
+    /// The address of fsd's metrics endpoint (`--metrics`, announced on stdout);
+    /// panics when fsd was started without one.
+    pub fn metrics_addr(&self) -> &str {
+        self.metrics.as_deref().unwrap_or_else(|| {
+            panic!(
+                "fsd {} announced no metrics endpoint (started without --metrics?)",
+                self.describe()
+            )
+        })
     }
 
     /// The mountpoint.

@@ -21,6 +21,8 @@
 //!   and the `mount.fuse.rmemfs` helper ([`HelperMount`]), as an administrator does.
 //! - [`stats`] reads fsd's `--stats-file` and waits, bounded, for its counters to
 //!   reach a state.
+//! - [`metrics`] talks HTTP to the daemons' `--metrics` endpoints, raw or as a scrape
+//!   parsed strictly by [`exposition`]; [`status`] runs `rmemfs status` on a mount.
 //! - [`within`] runs a closure under a time limit: it proves "fails in bounded time"
 //!   rather than hanging the suite.
 //! - [`command`] runs the real programs the tests use on a mount (tar, git, sqlite3,
@@ -42,15 +44,18 @@
 pub mod binaries;
 pub mod command;
 pub mod data;
+pub mod exposition;
 pub mod fileset;
 pub mod fsd;
 pub mod helper;
 pub mod kernel;
 pub mod memnode;
+pub mod metrics;
 mod output;
 pub mod procmem;
 pub mod snapshot;
 pub mod stats;
+pub mod status;
 pub mod tmpfs;
 pub mod transport;
 pub mod tree;

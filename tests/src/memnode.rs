@@ -26,6 +26,8 @@ pub struct MemnodeProc {
     capacity: u64,
     token: Vec<u8>,
     stderr: Tail,
+    /// The metrics endpoint's address, when it was started with `--metrics`.
+    metrics: Option<String>,
 }
 
 impl MemnodeProc {
@@ -122,9 +124,14 @@ impl MemnodeProc {
             .unwrap_or_default();
         // `memnode transport <BACKEND> (<WHY>)` comes first: what `auto` picked.
         let served_over = std::cell::RefCell::new(None::<String>);
+        // `memnode metrics on <ADDR>` comes before the listening line with --metrics.
+        let metrics = std::cell::RefCell::new(None::<String>);
         let line = match output::wait_for_line(&mut child, &stdout, START_LIMIT, |l| {
             if let Some(t) = l.strip_prefix("memnode transport ") {
                 *served_over.borrow_mut() = Some(t.to_string());
+            }
+            if let Some(a) = l.strip_prefix("memnode metrics on ") {
+                *metrics.borrow_mut() = Some(a.trim().to_string());
             }
             l.starts_with("memnode listening on ")
         }) {
@@ -166,6 +173,7 @@ impl MemnodeProc {
             capacity,
             token,
             stderr,
+            metrics: metrics.into_inner(),
         })
     }
 
@@ -182,6 +190,17 @@ impl MemnodeProc {
     /// The token it was started with (`--token`), if any: what clients present.
     pub fn token(&self) -> Option<&str> {
         (!self.token.is_empty()).then(|| std::str::from_utf8(&self.token).unwrap_or(""))
+    }
+
+    /// The address of its metrics endpoint (`--metrics`, announced on stdout); panics
+    /// when it was started without one.
+    pub fn metrics_addr(&self) -> &str {
+        self.metrics.as_deref().unwrap_or_else(|| {
+            panic!(
+                "memnode {} announced no metrics endpoint (started without --metrics?)",
+                self.addr
+            )
+        })
     }
 
     /// The capacity it announced, in bytes.

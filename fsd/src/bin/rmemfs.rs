@@ -5,13 +5,18 @@
 //! - `rmemfs fsck NAME --memnode A [--memnode B ...]`: walks a volume offline and
 //!   reports inconsistencies and leaked chunks (exit 0 clean, 1 problems found, 2 the
 //!   volume cannot be read).
+//! - `rmemfs status MOUNTPOINT [--json]`: how a running mount is doing, from the
+//!   status file its fsd keeps (`fsd::status`; exit 0 healthy, 1 degraded, data lost
+//!   or fsd stuck, 2 no live rmemfs mount there).
 
 use clap::{Parser, Subcommand};
 use fsd::remote::{Connector, RemoteConfig, RemoteStore, VolumeSpec};
+use fsd::status::report;
 use fsd::volume::admin::{self, FsckReport};
 use rmemfs_common::control::{self, random_id};
 use rmemfs_common::fabric::{self, Endpoint, Transport};
 use rmemfs_common::size::{format_size, parse_size};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +25,7 @@ use std::time::Duration;
 #[command(
     name = "rmemfs",
     version,
-    about = "Administer rmemfs volumes on memnodes"
+    about = "Administer rmemfs: volumes on memnodes, and running mounts"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -75,6 +80,20 @@ enum Command {
         #[arg(long, default_value = "64K", value_parser = parse_size)]
         block_size: u64,
         /// Print one JSON object instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show how a running mount is doing.
+    ///
+    /// Its memnodes (up or down, memory used), copies, cache, degraded and lost
+    /// blocks, re-replication and scrub progress, checksum failures, from the status
+    /// file its fsd rewrites once a second (docs/metrics.md). Exit 0 when healthy, 1
+    /// when not (a memnode down, blocks degraded or lost, fsd stuck), 2 when
+    /// MOUNTPOINT has no live rmemfs mount.
+    Status {
+        /// Where the filesystem is mounted.
+        mountpoint: PathBuf,
+        /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -218,7 +237,23 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             block_size,
             json,
         } => fsck(&name, &remote, block_size, json),
+        Command::Status { mountpoint, json } => status(&mountpoint, json),
     }
+}
+
+fn status(mountpoint: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    let found = report::locate(mountpoint)?;
+    let r = report::Report::new(&found.status, found.age);
+    if json {
+        println!("{}", r.to_json());
+    } else {
+        print!("{}", r.to_text());
+    }
+    Ok(if r.is_fine() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn fsck(name: &str, r: &Remote, block_size: u64, json: bool) -> anyhow::Result<ExitCode> {

@@ -1,9 +1,12 @@
 //! fsd's answers to FUSE requests: each calls the core ([`RmemFs`]) and maps its
-//! error with [`errno`], whichever transport carried the request.
+//! error with [`errno`], whichever transport carried the request. Each handler
+//! starts with a timer of its kind of request (`timing.rs`): an `Instant::now()` at
+//! each end and two atomic additions.
 
 use super::ops::{
     xattr_answer, CopyRange, DirSink, FuseOps, Opened, Req, SetAttrIn, Statfs, Xattr,
 };
+use super::timing::{FuseKind, FuseTiming};
 use super::{configure_kernel, enable_posix_acl, errno, CacheMode};
 use crate::error::FsError;
 use crate::fs::{Allocate, Caller, RmemFs, Seek, SetAttr, SetTime, SetXattrMode};
@@ -98,6 +101,8 @@ pub struct FuseAdapter {
     fs: Arc<RmemFs>,
     block_size: u32,
     choices: MountChoices,
+    /// How long the handlers take, by kind (`--metrics`).
+    timing: Arc<FuseTiming>,
 }
 
 impl FuseAdapter {
@@ -107,7 +112,13 @@ impl FuseAdapter {
             fs,
             block_size,
             choices,
+            timing: Arc::default(),
         }
+    }
+
+    /// The latency histograms of the handlers, for the metrics endpoint.
+    pub fn timing(&self) -> Arc<FuseTiming> {
+        self.timing.clone()
     }
 
     fn attr(&self, r: Result<Attr, FsError>) -> Result<FileAttr, Errno> {
@@ -143,6 +154,7 @@ impl FuseOps for FuseAdapter {
     }
 
     fn lookup(&self, _req: &Req, parent: u64, name: &OsStr) -> Result<FileAttr, Errno> {
+        let _t = self.timing.start(FuseKind::Lookup);
         self.attr(self.fs.lookup(parent, name))
     }
 
@@ -151,10 +163,12 @@ impl FuseOps for FuseAdapter {
     }
 
     fn getattr(&self, _req: &Req, ino: u64) -> Result<FileAttr, Errno> {
+        let _t = self.timing.start(FuseKind::Lookup);
         self.attr(self.fs.getattr(ino))
     }
 
     fn setattr(&self, req: &Req, ino: u64, c: &SetAttrIn) -> Result<FileAttr, Errno> {
+        let _t = self.timing.start(FuseKind::Modify);
         // With FUSE_HANDLE_KILLPRIV_V2 the kernel leaves setuid/setgid to us. fuser
         // hides the request's FATTR_KILL_SUIDGID bit, so both transports rebuild it
         // from what the kernel sends: a chown clears them; a truncate clears them
@@ -184,6 +198,7 @@ impl FuseOps for FuseAdapter {
     }
 
     fn readlink(&self, _req: &Req, ino: u64) -> Result<Vec<u8>, Errno> {
+        let _t = self.timing.start(FuseKind::Lookup);
         mapped(self.fs.readlink(ino)).map(|t| t.into_os_string().into_encoded_bytes())
     }
 
@@ -196,6 +211,7 @@ impl FuseOps for FuseAdapter {
         umask: u32,
         rdev: u32,
     ) -> Result<FileAttr, Errno> {
+        let _t = self.timing.start(FuseKind::Modify);
         let kind = match mode & libc::S_IFMT {
             libc::S_IFREG | 0 => FileKind::File,
             libc::S_IFIFO => FileKind::Fifo,
@@ -222,15 +238,18 @@ impl FuseOps for FuseAdapter {
         mode: u32,
         umask: u32,
     ) -> Result<FileAttr, Errno> {
+        let _t = self.timing.start(FuseKind::Modify);
         let caller = caller_with_umask(req, umask);
         self.attr(self.fs.mkdir(parent, name, mode, caller))
     }
 
     fn unlink(&self, _req: &Req, parent: u64, name: &OsStr) -> Result<(), Errno> {
+        let _t = self.timing.start(FuseKind::Modify);
         mapped(self.fs.unlink(parent, name))
     }
 
     fn rmdir(&self, _req: &Req, parent: u64, name: &OsStr) -> Result<(), Errno> {
+        let _t = self.timing.start(FuseKind::Modify);
         mapped(self.fs.rmdir(parent, name))
     }
 
@@ -241,6 +260,7 @@ impl FuseOps for FuseAdapter {
         name: &OsStr,
         target: &Path,
     ) -> Result<FileAttr, Errno> {
+        let _t = self.timing.start(FuseKind::Modify);
         self.attr(self.fs.symlink(parent, name, target, caller(req)))
     }
 
@@ -253,6 +273,7 @@ impl FuseOps for FuseAdapter {
         newname: &OsStr,
         flags: u32,
     ) -> Result<(), Errno> {
+        let _t = self.timing.start(FuseKind::Modify);
         let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE;
         if flags & !known != 0 {
             return Err(Errno::EINVAL); // RENAME_WHITEOUT and anything newer
@@ -271,10 +292,12 @@ impl FuseOps for FuseAdapter {
         newparent: u64,
         newname: &OsStr,
     ) -> Result<FileAttr, Errno> {
+        let _t = self.timing.start(FuseKind::Modify);
         self.attr(self.fs.link(ino, newparent, newname))
     }
 
     fn open(&self, _req: &Req, ino: u64, _flags: i32) -> Result<Opened, Errno> {
+        let _t = self.timing.start(FuseKind::Open);
         mapped(self.fs.open(ino)).map(|_| self.opened())
     }
 
@@ -286,6 +309,7 @@ impl FuseOps for FuseAdapter {
         offset: u64,
         buf: &mut [u8],
     ) -> Result<usize, Errno> {
+        let _t = self.timing.start(FuseKind::Read);
         mapped(self.fs.read_into(ino, offset, buf))
     }
 
@@ -298,6 +322,7 @@ impl FuseOps for FuseAdapter {
         data: &[u8],
         kill_suidgid: bool,
     ) -> Result<u32, Errno> {
+        let _t = self.timing.start(FuseKind::Write);
         // The kernel has checked the writer's CAP_FSETID (FUSE_HANDLE_KILLPRIV_V2).
         if kill_suidgid {
             mapped(
@@ -309,14 +334,17 @@ impl FuseOps for FuseAdapter {
     }
 
     fn flush(&self, _req: &Req, ino: u64, _fh: u64) -> Result<(), Errno> {
+        let _t = self.timing.start(FuseKind::Sync);
         mapped(self.fs.fsync(ino))
     }
 
     fn release(&self, _req: &Req, ino: u64, _fh: u64) -> Result<(), Errno> {
+        let _t = self.timing.start(FuseKind::Open);
         mapped(self.fs.release(ino))
     }
 
     fn fsync(&self, _req: &Req, ino: u64, _fh: u64, _datasync: bool) -> Result<(), Errno> {
+        let _t = self.timing.start(FuseKind::Sync);
         mapped(self.fs.fsync_durable(ino))
     }
 
@@ -327,6 +355,7 @@ impl FuseOps for FuseAdapter {
         offset: u64,
         out: &mut dyn DirSink,
     ) -> Result<(), Errno> {
+        let _t = self.timing.start(FuseKind::Readdir);
         // Enough entries to fill a reply buffer; the kernel asks again for more.
         for e in mapped(self.fs.readdir(ino, offset, 512))? {
             if out.add(e.ino, e.offset, file_type(e.kind), &e.name) {
@@ -337,11 +366,13 @@ impl FuseOps for FuseAdapter {
     }
 
     fn fsyncdir(&self, _req: &Req, _ino: u64, _datasync: bool) -> Result<(), Errno> {
+        let _t = self.timing.start(FuseKind::Sync);
         // On a volume, a directory's entries become durable with the next commit.
         mapped(self.fs.commit())
     }
 
     fn statfs(&self, _req: &Req, _ino: u64) -> Result<Statfs, Errno> {
+        let _t = self.timing.start(FuseKind::Lookup);
         let s = self.fs.statfs();
         let bs = s.block_size;
         // Inodes are limited only by fsd's memory; report a large, honest-enough pool.
@@ -366,6 +397,7 @@ impl FuseOps for FuseAdapter {
         value: &[u8],
         flags: i32,
     ) -> Result<(), Errno> {
+        let _t = self.timing.start(FuseKind::Modify);
         let known = libc::XATTR_CREATE | libc::XATTR_REPLACE;
         if flags & !known != 0 {
             return Err(Errno::EINVAL);
@@ -379,16 +411,19 @@ impl FuseOps for FuseAdapter {
     }
 
     fn getxattr(&self, _req: &Req, ino: u64, name: &OsStr, size: u32) -> Result<Xattr, Errno> {
+        let _t = self.timing.start(FuseKind::Lookup);
         self.xattrs_on()?;
         xattr_answer(mapped(self.fs.getxattr(ino, name))?, size)
     }
 
     fn listxattr(&self, _req: &Req, ino: u64, size: u32) -> Result<Xattr, Errno> {
+        let _t = self.timing.start(FuseKind::Lookup);
         self.xattrs_on()?;
         xattr_answer(mapped(self.fs.listxattr(ino))?, size)
     }
 
     fn removexattr(&self, _req: &Req, ino: u64, name: &OsStr) -> Result<(), Errno> {
+        let _t = self.timing.start(FuseKind::Modify);
         self.xattrs_on()?;
         mapped(self.fs.removexattr(ino, name))
     }
@@ -402,6 +437,7 @@ impl FuseOps for FuseAdapter {
         umask: u32,
         _flags: i32,
     ) -> Result<(FileAttr, Opened), Errno> {
+        let _t = self.timing.start(FuseKind::Modify);
         let caller = caller_with_umask(req, umask);
         let a = self.attr(self.fs.create(parent, name, mode, caller))?;
         Ok((a, self.opened()))
@@ -416,6 +452,7 @@ impl FuseOps for FuseAdapter {
         length: u64,
         mode: i32,
     ) -> Result<(), Errno> {
+        let _t = self.timing.start(FuseKind::Modify);
         let how = allocate_mode(mode)?;
         // Like a write, whatever the mode (the kernel asks only for some of them).
         mapped(
@@ -426,6 +463,7 @@ impl FuseOps for FuseAdapter {
     }
 
     fn copy_file_range(&self, req: &Req, c: &CopyRange) -> Result<u32, Errno> {
+        let _t = self.timing.start(FuseKind::Write);
         if c.flags != 0 {
             return Err(Errno::EINVAL);
         }
@@ -450,6 +488,7 @@ impl FuseOps for FuseAdapter {
         offset: i64,
         whence: i32,
     ) -> Result<i64, Errno> {
+        let _t = self.timing.start(FuseKind::Lookup);
         // fsd cannot see the pages the kernel has not written back, so it cannot
         // tell data from holes: ENOSYS makes the kernel answer from then on as for
         // a file without holes (the whole file is data), which is never wrong.

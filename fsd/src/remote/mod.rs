@@ -34,9 +34,10 @@ use rmemfs_common::control::{self, ControlError};
 use rmemfs_common::fabric::{Endpoint, FabricError, RdmaOp, RemoteAddr, MAX_DATA_OP};
 use rmemfs_common::protocol::Allocation;
 use rmemfs_common::size::format_size;
+use rmemfs_metrics::LatencyHistogram;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use thiserror::Error;
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -96,10 +97,41 @@ pub struct RemoteCounters {
     pub pages_repaired: AtomicU64,
     /// Bytes memnodes copied within their memory for fsd (copy_file_range).
     pub memnode_copy_bytes: AtomicU64,
+    /// Latency of counted READs and WRITEs: each operation of a batch posted on one
+    /// connection is observed with the batch's time, from posting to its last
+    /// completion (they complete together as far as fsd can tell).
+    pub read_latency: LatencyHistogram,
+    pub write_latency: LatencyHistogram,
+}
+
+impl RemoteCounters {
+    /// Records the latency of a batch of `reads` READs and `writes` WRITEs.
+    #[inline]
+    fn observe(&self, took: Duration, reads: u64, writes: u64) {
+        if reads > 0 {
+            self.read_latency.observe_many(took, reads);
+        }
+        if writes > 0 {
+            self.write_latency.observe_many(took, writes);
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A memnode's memory, as [`RemoteStore::node_usage`] reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeUsage {
+    /// Bytes the memnode lends in all.
+    pub capacity: u64,
+    /// Bytes it has handed out, to this fsd and to others.
+    pub used: u64,
+    /// Clients connected to it.
+    pub clients: u32,
+    /// Bytes of this fsd's chunks there that hold no block yet.
+    pub held_free: u64,
 }
 
 /// Settings for [`RemoteStore::connect`].
@@ -477,6 +509,7 @@ impl RemoteStore {
             };
             let mut posted = Vec::with_capacity(members.len());
             let mut batch: Vec<RdmaOp<'_>> = Vec::with_capacity(members.len());
+            let mut reads = 0;
             for &i in &members {
                 let Some(CopyOp { replica, op }) = ops[i].take() else {
                     continue;
@@ -499,10 +532,16 @@ impl RemoteStore {
                     count.fetch_add(1, Ordering::Relaxed);
                     bytes.fetch_add(len as u64, Ordering::Relaxed);
                 }
+                reads += matches!(op, RdmaOp::Read { .. }) as u64;
                 posted.push(i);
                 batch.push(op);
             }
+            let started = Instant::now();
             let outcomes = link.endpoint().execute(&mut batch);
+            if counted {
+                let writes = batch.len() as u64 - reads;
+                self.counters.observe(started.elapsed(), reads, writes);
+            }
             for (i, outcome) in posted.into_iter().zip(outcomes) {
                 results[i] = outcome.map_err(|e| node.fabric_error(link.epoch, e));
             }
@@ -745,6 +784,21 @@ impl RemoteStore {
         }
         let r = self.replicas as u64;
         (total / r, free / r)
+    }
+
+    /// Node `idx`'s memory as its last heartbeat (once a second) reported it, and
+    /// the bytes fsd holds there unused (in its block pool; the memnode counts them
+    /// as used). `None` while the node is down and before the first heartbeat of its
+    /// link answered.
+    pub fn node_usage(&self, idx: usize) -> Option<NodeUsage> {
+        let node = self.nodes.get(idx).filter(|n| n.is_up())?;
+        let stats = (*lock(&node.usage))?;
+        Some(NodeUsage {
+            capacity: stats.capacity,
+            used: stats.used,
+            clients: stats.clients,
+            held_free: lock(&node.pool).blocks.free_bytes(),
+        })
     }
 
     /// The memnode name of node `idx` (as given on the command line).

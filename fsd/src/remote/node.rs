@@ -15,6 +15,7 @@ use super::refill::Refill;
 use super::{lock, Connector, RemoteError};
 use rmemfs_common::control::{self, ControlError, VolumeInfo};
 use rmemfs_common::fabric::{Endpoint, FabricError};
+use rmemfs_common::protocol::NodeStats;
 use rmemfs_common::size::format_size;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -175,6 +176,9 @@ pub(super) struct Node {
     /// Set when the node refused an allocation for lack of space; cleared on a free.
     pub full: AtomicBool,
     pub refill: Refill,
+    /// The memnode's memory as its last heartbeat answered (for status and metrics:
+    /// the heartbeat's Stat costs no extra round trip).
+    pub usage: Mutex<Option<NodeStats>>,
 }
 
 impl Node {
@@ -204,6 +208,7 @@ impl Node {
             }),
             full: AtomicBool::new(false),
             refill: Refill::default(),
+            usage: Mutex::new(None),
         })
     }
 
@@ -225,6 +230,7 @@ impl Node {
             }),
             full: AtomicBool::new(false),
             refill: Refill::default(),
+            usage: Mutex::new(None),
         }
     }
 
@@ -317,6 +323,8 @@ impl Node {
             pool.epoch = epoch;
         }
         self.full.store(false, Ordering::Relaxed);
+        // The old usage was another process's or another epoch's.
+        *lock(&self.usage) = None;
         let mut s = self.write_state();
         s.link = Some(Arc::new(link));
         s.epoch = epoch;
@@ -330,12 +338,13 @@ impl Node {
         Ok(())
     }
 
-    /// Asks the node for its statistics; a failure to answer puts it down.
+    /// Asks the node for its statistics (kept in `usage`); a failure to answer puts
+    /// it down.
     pub fn heartbeat(&self) -> Result<(), RemoteError> {
         let link = self.link()?;
-        control::stat(link.control())
-            .map(|_| ())
-            .map_err(|e| self.control_error(link.epoch, e))
+        let stats = control::stat(link.control()).map_err(|e| self.control_error(link.epoch, e))?;
+        *lock(&self.usage) = Some(stats);
+        Ok(())
     }
 }
 
