@@ -2,7 +2,7 @@
 """The copy jobs of scripts/bench: one large file copied on one target directory,
 with copy_file_range(2) or through read(2) and write(2), timed.
 
-    copy.py range|rw --dir DIR --bytes N --output JSON [--seed S] [--drop-caches]
+    filecopy.py range|rw --dir DIR --bytes N --output JSON [--seed S] [--drop-caches]
 
 range  copies with os.copy_file_range, asking each call for the rest of the file, as
        newer GNU cp does (the kernel and the filesystem copy less per call; the loop
@@ -64,7 +64,7 @@ def parse_args():
 
 
 def fail(message):
-    print(f"copy.py: {message}", file=sys.stderr)
+    print(f"filecopy.py: {message}", file=sys.stderr)
     sys.exit(1)
 
 
@@ -245,7 +245,7 @@ def main():
     with open(args.output, "w", encoding="utf-8") as f:
         json.dump({
             "kind": "copy", "job": f"copy-{args.cmd}",
-            "tool": f"scripts/bench-lib/copy.py (python3 {sys.version.split()[0]}): "
+            "tool": f"scripts/bench-lib/filecopy.py (python3 {sys.version.split()[0]}): "
             f"{METHODS[args.cmd]}, then fsync",
             "ops": len(lat), "seconds": seconds,
             "ops_per_s": len(lat) / seconds if seconds > 0 else None,
