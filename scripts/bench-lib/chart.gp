@@ -2,7 +2,8 @@
 # PARAMS). PARAMS is a gnuplot file that report.py writes next to the data:
 #   png, title       the PNG to write and its title
 #   npanels          panels, stacked top to bottom (two per kind of job that ran: fio
-#                    jobs and metadata jobs; throughput, then latency)
+#                    jobs and metadata jobs; throughput, then latency; one for the
+#                    copy jobs: throughput)
 #   pI_file          panel I's data file          pI_title   its title
 #   pI_n             its number of targets        pI_colors  one color per target
 #   pI_scale         "log" or "linear"            pI_m       ratio columns in the file

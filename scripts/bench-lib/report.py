@@ -14,7 +14,10 @@ fabric target's outputs are fabricbench's, in the part of fio's JSON read here.
 The metadata jobs (create, stat, unlink, untar) write scripts/bench-lib/meta.py's
 JSON instead (its "kind" is "metadata"): files (or stats) per second, timed seconds,
 per-file latency percentiles. The rmemfs-vol target (fsd on a durable volume) runs
-only those.
+only those. The copy jobs (copy-range: a copy_file_range(2) loop; copy-rw: 1 MiB
+read(2)/write(2)) write scripts/bench-lib/filecopy.py's JSON ("kind" "copy"): one file
+copied and fsync'ed, bytes per second and timed seconds; they run on rmemfs,
+rmemfs-classic, tmpfs and sshfs.
 This script reads those outputs, keeps for each (job, target) its median run by
 throughput, prints the run's settings (with the FUSE transport that served each FUSE
 target) and two tables: the fio jobs (MB/s, IOPS, p99 latency, the CPU time the whole
@@ -25,8 +28,10 @@ over rmemfs-classic, the same fsd on /dev/fuse (the ring's gain), and nullfs's o
 nullfs-classic; then whether rmemfs reaches 0.6x of its bound, and 5x sshfs where the
 bound is 5.5x sshfs or more) and the metadata jobs (files/s, seconds, latency, rmemfs
 over tmpfs, sshfs, nullfs and rmemfs-classic, plus rmemfs-vol's over rmemfs's: what
-durable metadata costs), writes all of it as JSON (rmemfs over every other target
-too), and draws a bar chart with gnuplot. Any subset of the targets works
+durable metadata costs), and the copy jobs (MB/s, seconds, each target's copy-range
+over its copy-rw, which on rmemfs is what serving copy_file_range in remote memory
+gives, and rmemfs over tmpfs, sshfs and rmemfs-classic), writes all of it as JSON
+(rmemfs over every other target too), and draws a bar chart with gnuplot. Any subset of the targets works
 (scripts/bench --only). It reports; it never judges timings: the exit status says
 only whether every run and the chart worked.
 Standard library only, so a stock python3 runs it.
@@ -69,6 +74,13 @@ COLORS = {"rmemfs": "#d95f02", "rmemfs-classic": "#fdae6b", "rmemfs-vol": "#e729
           "nullfs-classic": "#b2df8a", "fabric": "#6a3d9a"}
 # The targets an fsd serves (memory and fsd traffic in the manifest).
 RMEMFS_TARGETS = ("rmemfs", "rmemfs-classic", VOLUME)
+# The copy jobs: with copy_file_range(2), and the same copy through read(2) and
+# write(2). COPY_RANGE / COPY_RW on one target is what copy_file_range gives there.
+COPY_RANGE, COPY_RW = "copy-range", "copy-rw"
+# The targets that run them (the bench's copy_runs_on), and what rmemfs's copies are
+# divided by in their table.
+COPY_TARGETS = ("rmemfs", "rmemfs-classic", "tmpfs", "sshfs")
+COPY_BASELINES = ("tmpfs", "sshfs")
 
 
 def parse_args():
@@ -78,6 +90,8 @@ def parse_args():
     p.add_argument("--targets", required=True, help="comma-separated")
     p.add_argument("--metadata-jobs", default="",
                    help="comma-separated: which of --jobs are metadata jobs (meta.py)")
+    p.add_argument("--copy-jobs", default="",
+                   help="comma-separated: which of --jobs are copy jobs (filecopy.py)")
     p.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a run setting to record (numbers become numbers)")
     p.add_argument("--fsd-arg", action="append", default=[],
@@ -256,6 +270,8 @@ def measure(row, cpus):
     meta = read_json(row["fio_json"])
     if isinstance(meta, dict) and meta.get("kind") == "metadata":
         return measure_metadata(result, meta, row, cpus)
+    if isinstance(meta, dict) and meta.get("kind") == "copy":
+        return measure_copy(result, meta, row, cpus)
     result["kind"] = "data"
     try:
         data, job = fio_job(row["fio_json"])
@@ -319,9 +335,49 @@ def measure_metadata(result, meta, row, cpus):
     return result
 
 
+def measure_copy(result, copy, row, cpus):
+    """One copy job's result, from filecopy.py's output: the copy and the fsync of the
+    copy, timed together. CPU shares as for a metadata job (the timed part's, else
+    the whole run's); CPU s/GB = the whole machine's CPU seconds per 10^9 bytes
+    copied."""
+    busy = copy.get("cpu_busy_pct")
+    if busy is None:
+        busy = row["busy_pct"]
+    steal = copy.get("steal_pct")
+    seconds, nbytes = copy.get("seconds"), copy.get("bytes")
+    bw = nbytes / seconds if seconds and nbytes else None
+    result.update({
+        "kind": "copy",
+        "tool": copy.get("tool"),
+        "ops": copy.get("ops"),
+        "ops_per_s": copy.get("ops_per_s"),
+        "seconds": seconds,
+        "copy_seconds": copy.get("copy_seconds"),
+        "fsync_seconds": copy.get("fsync_seconds"),
+        "bytes": nbytes,
+        "bw_bytes_per_s": bw,
+        "mb_per_s": bw / 1e6 if bw else None,
+        "lat_us": copy.get("lat_us"),
+        "source_laid_out": copy.get("source_laid_out"),
+        "layout_seconds": copy.get("layout_seconds"),
+        "verified": copy.get("verified"),
+        "sha256": copy.get("sha256"),
+        "verify_seconds": copy.get("verify_seconds"),
+        "cpu_busy_pct": busy,
+        "steal_pct": row["steal_pct"] if steal is None else steal,
+        "cpu_s_per_gb": (busy / 100.0 * cpus * 1e9 / bw
+                         if busy is not None and bw else None),
+    })
+    if not bw:
+        result["status"] = "no copy timed"
+    elif copy.get("verified") is not True:
+        result["status"] = "copy not verified"
+    return result
+
+
 def rate(r):
-    """What a result is ranked and divided by: bytes/s of a fio job, operations/s of
-    a metadata job."""
+    """What a result is ranked and divided by: bytes/s of a fio or copy job,
+    operations/s of a metadata job."""
     if r.get("kind") == "metadata":
         return r.get("ops_per_s") or 0
     return r.get("bw_bytes_per_s") or 0
@@ -329,6 +385,10 @@ def rate(r):
 
 def is_metadata(doc, job):
     return job in doc.get("metadata_jobs", ())
+
+
+def is_copy(doc, job):
+    return job in doc.get("copy_jobs", ())
 
 
 def median_runs(results):
@@ -349,6 +409,9 @@ def median_runs(results):
         if pick.get("kind") == "metadata":
             keys = ("round", "status", "ops_per_s", "seconds", "steal_pct", "cpu_busy_pct",
                     "cpu_us_per_op", "fio_output")
+        elif pick.get("kind") == "copy":
+            keys = ("round", "status", "bw_bytes_per_s", "seconds", "steal_pct",
+                    "cpu_busy_pct", "cpu_s_per_gb", "source_laid_out", "fio_output")
         pick["runs"] = [{k: r.get(k) for k in keys} for r in runs]
         chosen.append(pick)
     return chosen
@@ -388,6 +451,18 @@ def transport_gains(results, jobs):
             a, b = ok_rate(by, job, ring), ok_rate(by, job, classic)
             if a and b:
                 out.setdefault(job, {})[ring] = a / b
+    return out
+
+
+def copy_speedups(results, targets):
+    """Per target, its copy-range throughput over its copy-rw throughput: what
+    copy_file_range(2) gives there against a copy through read(2) and write(2)."""
+    by = {(r["job"], r["target"]): r for r in results}
+    out = {}
+    for t in targets:
+        a, b = ok_rate(by, COPY_RANGE, t), ok_rate(by, COPY_RW, t)
+        if a and b:
+            out[t] = a / b
     return out
 
 
@@ -520,6 +595,11 @@ def print_header(doc):
         print(f"  untar: GNU tar -x of a generated source tree, {fmt(s.get('untar_files'))} "
               f"files in {fmt(s.get('untar_dirs'))} directories, "
               f"{mib(s.get('untar_bytes'))} (seed {s.get('untar_seed')})")
+    if doc.get("copy_jobs"):
+        print(f"  copy-range/copy-rw: a file of {s.get('copy_size')} (random bytes, laid out "
+              "untimed) copied with a copy_file_range(2) loop / 1 MiB read(2)+write(2), then "
+              "fsync'ed (scripts/bench-lib/filecopy.py), page cache dropped before each: "
+              f"{'yes' if s.get('drop_caches') is True else 'no'}")
     if meta and ("nullfs" in targets or "nullfs-classic" in targets):
         print("  nullfs has no directories: its metadata jobs put the same files flat in "
               "its root")
@@ -544,7 +624,7 @@ def print_header(doc):
 
 
 def data_jobs(doc):
-    return [j for j in doc["jobs"] if not is_metadata(doc, j)]
+    return [j for j in doc["jobs"] if not is_metadata(doc, j) and not is_copy(doc, j)]
 
 
 def has_classic_pair(targets):
@@ -623,7 +703,7 @@ def table_rows(doc):
     cols = data_columns(doc)
     rows = []
     for r in doc["results"]:
-        if is_metadata(doc, r["job"]):
+        if is_metadata(doc, r["job"]) or is_copy(doc, r["job"]):
             continue
         if r["status"] != "ok":
             rows.append((r["job"], r["target"], "FAILED: " + r["status"]))
@@ -809,6 +889,93 @@ def print_meta_table(doc):
                   "what durable metadata costs.")
 
 
+def copy_columns(doc):
+    """The ratio columns of the copy table this run can fill: copy-range over copy-rw
+    (each target's copy-range row), rmemfs over the copy baselines and over
+    rmemfs-classic (rmemfs's rows)."""
+    t, jobs = doc["targets"], doc.get("copy_jobs") or []
+    cols = []
+    if COPY_RANGE in jobs and COPY_RW in jobs:
+        cols.append("range/rw")
+    if "rmemfs" in t:
+        cols += [f"vs {b}" for b in COPY_BASELINES if b in t]
+        if "rmemfs-classic" in t:
+            cols.append("vs classic")
+    return cols
+
+
+def copy_rows(doc):
+    """One row of cells per copy result, as table_rows."""
+    cols = copy_columns(doc)
+    rows = []
+    for r in doc["results"]:
+        if not is_copy(doc, r["job"]):
+            continue
+        if r["status"] != "ok":
+            rows.append((r["job"], r["target"], "FAILED: " + r["status"]))
+            continue
+        ratio = {}
+        if r["job"] == COPY_RANGE:
+            ratio["range/rw"] = doc["copy_range_vs_rw"].get(r["target"])
+        if r["target"] == "rmemfs":
+            mine = doc["ratios"].get(r["job"], {})
+            for b in COPY_BASELINES:
+                ratio[f"vs {b}"] = mine.get(f"vs_{b}")
+            ratio["vs classic"] = doc["transport_gains"].get(r["job"], {}).get("rmemfs")
+        cpu = r.get("cpu_s_per_gb")
+        rows.append((
+            r["job"], r["target"], fmt(r["mb_per_s"], 1 if r["mb_per_s"] < 100 else 0),
+            fmt(r["seconds"], 3), fmt(r.get("ops")), fmt(r.get("cpu_busy_pct")),
+            fmt(cpu, 2), fmt(r.get("steal_pct"), 1),
+        ) + tuple(fmt_ratio(ratio.get(c)) for c in cols))
+    return rows
+
+
+def print_copy_table(doc):
+    if not doc.get("copy_jobs"):
+        return
+    cols = copy_columns(doc)
+    head = ("job", "target", "MB/s", "seconds", "calls", "busy%", "CPU s/GB",
+            "steal%") + tuple(cols)
+    print_rows(head, copy_rows(doc))
+    s = doc["settings"]
+    notes = [
+        f"Copy jobs, one process: a file of {s.get('copy_size')} copied with a "
+        "copy_file_range(2) loop, as newer cp (copy-range), or with 1 MiB read(2)/write(2), "
+        "as Debian 12's cp 9.1 (copy-rw); MB/s = 10^6 bytes/s and seconds = the time of "
+        "the copy and an fsync of it; calls = copy_file_range calls or read/write pairs;",
+        "each copy read back equal to its source (sha256) afterwards; busy% and steal% "
+        "over the timed seconds; CPU s/GB = busy% x CPUs / GB/s.",
+    ]
+    if doc["settings"].get("repeat", 1) > 1:
+        notes.append(f"Each row is the median of {s['repeat']} runs by MB/s.")
+    if "range/rw" in cols:
+        notes.append("range/rw = copy-range / copy-rw on that target: what "
+                     "copy_file_range gives there (rmemfs: the memnodes copy whole blocks "
+                     "in their own memory);")
+    if any(c.startswith("vs ") for c in cols):
+        notes.append("vs X = rmemfs / X in the same job of the same bench run (>1: "
+                     "faster)" + ("; vs classic = rmemfs / rmemfs-classic." if "vs classic"
+                                  in cols else "."))
+    print(textwrap.fill(" ".join(notes), width=92, break_on_hyphens=False))
+    by = {(r["job"], r["target"]): r for r in doc["results"]}
+    for t in ("rmemfs", "rmemfs-classic"):
+        a, b = by.get((COPY_RANGE, t)), by.get((COPY_RW, t))
+        speedup = doc["copy_range_vs_rw"].get(t)
+        if speedup is None:
+            continue
+        text = (f"{t}: copy-range {fmt(a['mb_per_s'])} MB/s against copy-rw "
+                f"{fmt(b['mb_per_s'])} MB/s: {fmt_ratio(speedup)}")
+        traffic = a.get("fsd_traffic") or {}
+        if "memnode_copy_bytes" in traffic and traffic.get("file_copy_bytes"):
+            n = traffic.get("file_copies") or 0
+            text += (f"; fsd copied {mib(traffic['file_copy_bytes'])} in {n} "
+                     f"copy_file_range request{'' if n == 1 else 's'}, the memnodes "
+                     f"{mib(traffic['memnode_copy_bytes'])} in their own memory "
+                     "(fsd's file_copy_bytes, memnode_copy_bytes)")
+        print(text)
+
+
 def print_memory(doc):
     for target in RMEMFS_TARGETS:
         peaks = [r.get("fsd_peak_rss_bytes") for r in doc["results"]
@@ -864,11 +1031,23 @@ def ratio_labels(doc, job):
     run has (empty ones last): for a fio job rmemfs over its bound, over sshfs and
     over rmemfs-classic, and nullfs over nullfs-classic; for a metadata job rmemfs
     over tmpfs, sshfs, nullfs and rmemfs-classic, rmemfs-vol over rmemfs, and nullfs
-    over nullfs-classic."""
+    over nullfs-classic; for a copy job rmemfs's copy-range over its copy-rw (copy-range
+    only) and rmemfs over tmpfs, sshfs and rmemfs-classic."""
     t = doc["targets"]
     gains = doc["transport_gains"].get(job, {})
     groups = []
-    if is_metadata(doc, job):
+    if is_copy(doc, job):
+        if "rmemfs" in t:
+            ratio = doc["ratios"].get(job, {})
+            speedup = doc["copy_range_vs_rw"].get("rmemfs") if job == COPY_RANGE else None
+            mine = [None if speedup is None else f"{fmt_ratio(speedup)} rw"]
+            mine += [f"{fmt_ratio(ratio[f'vs_{b}'])} {b}" if f"vs_{b}" in ratio else None
+                     for b in COPY_BASELINES if b in t]
+            if "rmemfs-classic" in t:
+                mine.append(f"{fmt_ratio(gains['rmemfs'])} classic" if "rmemfs" in gains
+                            else None)
+            groups.append(("rmemfs: ", mine))
+    elif is_metadata(doc, job):
         ratio = doc["ratios"].get(job, {})
         if "rmemfs" in t:
             cells = [(f"vs_{b}", b) for b in ("tmpfs", "sshfs", "nullfs") if b in t]
@@ -893,7 +1072,7 @@ def ratio_labels(doc, job):
             mine.append(f"{fmt_ratio(gains['rmemfs'])} classic" if "rmemfs" in gains
                         else None)
         groups.append(("rmemfs: ", mine))
-    if "nullfs" in t and "nullfs-classic" in t:
+    if "nullfs" in t and "nullfs-classic" in t and not is_copy(doc, job):
         groups.append(("nullfs: ", [f"{fmt_ratio(gains['nullfs'])} classic"
                                     if "nullfs" in gains else None]))
     labels, slots = [], 0
@@ -915,7 +1094,8 @@ def gp_string(text):
 def write_chart(doc, chart, script, data_dir):
     """Two panels per kind of job that ran, throughput and latency, one bar per
     target in each job group: MB/s and p99 for the fio jobs, files/s and p99 for the
-    metadata jobs (rmemfs-vol only there, the fabric only in the fio ones)."""
+    metadata jobs (rmemfs-vol only there, the fabric only in the fio ones); one panel,
+    MB/s, for the copy jobs (on the targets that run them)."""
     # A chart of an earlier run must not pass for this one's.
     if os.path.exists(chart):
         os.remove(chart)
@@ -932,6 +1112,9 @@ def write_chart(doc, chart, script, data_dir):
           ("lat", "metadata jobs: p99 latency of one file's system calls, us (lower is "
            "better)",
            lambda r: (r.get("lat_us") or {}).get("p99"))]),
+        ("copy", doc.get("copy_jobs") or [], [t for t in doc["targets"] if t in COPY_TARGETS],
+         [("bw", "copy jobs: MB/s of one file copied and fsync'ed (higher is better)",
+           lambda r: r["mb_per_s"])]),
     ]
     panels = []
     for kind, all_jobs, targets, measures in kinds:
@@ -977,6 +1160,8 @@ def write_chart(doc, chart, script, data_dir):
         parts.append(f"{fmt(s.get('meta_files'))} small files")
     if "untar" in meta:
         parts.append(f"untar of {fmt(s.get('untar_files'))} files")
+    if doc.get("copy_jobs"):
+        parts.append(f"copy of {s.get('copy_size')}")
     title = (f"rmemfs vs baselines: {'; '.join(parts)}; fsd cache {s.get('cache')}, block "
              f"{s.get('block_size')}; {doc['machine']['nproc']} CPUs, {doc['date'][:10]}")
     params = os.path.join(data_dir, "chart-params.gp")
@@ -998,6 +1183,7 @@ def main():
     jobs = args.jobs.split(",")
     targets = args.targets.split(",")
     metadata_jobs = [j for j in jobs if j in (args.metadata_jobs or "").split(",")]
+    copy_jobs = [j for j in jobs if j in (args.copy_jobs or "").split(",")]
     rows = read_manifest(args.manifest)
     cpus = online_cpus()
     every_run = [measure(row, cpus) for row in rows]
@@ -1022,6 +1208,7 @@ def main():
         "fio_extra_args": args.fio_arg,
         "jobs": jobs,
         "metadata_jobs": metadata_jobs,
+        "copy_jobs": copy_jobs,
         "targets": targets,
         "results": results,
         "fuse_transports": dict(t.partition("=")[::2] for t in args.transport),
@@ -1029,12 +1216,15 @@ def main():
         "volume_ratios": ratios(results, metadata_jobs, VOLUME,
                                 ("rmemfs",) + tuple(b for b in BASELINES if b != "fabric")),
         "transport_gains": transport_gains(results, jobs),
-        "bounds": bounds(results, [j for j in jobs if j not in metadata_jobs], targets),
+        "bounds": bounds(results, [j for j in jobs if j not in metadata_jobs + copy_jobs],
+                         targets),
+        "copy_range_vs_rw": copy_speedups(results, targets),
     }
     doc["bar"] = bar_summary(doc)
     print_header(doc)
     print_table(doc)
     print_meta_table(doc)
+    print_copy_table(doc)
     print_memory(doc)
     print_traffic(doc)
     os.makedirs(os.path.dirname(os.path.abspath(args.out_json)), exist_ok=True)
