@@ -151,23 +151,22 @@ impl RmemFs {
             .filter(|(_, r)| r.is_err())
             .map(|(rep, _)| *rep)
             .collect();
-        // The log learns of every write-back (its sums) and of lost copies.
-        let log_it = if failed.is_empty() {
+        // A failed copy holds unknown bytes: it is no copy. Its block is not freed (a
+        // late write could still land in it); it goes with its memnode's epoch.
+        entry.loc.retain(|r| !failed.contains(r));
+        // The copies left hold these bytes now, whether or not the write-back must go
+        // round again for the others: their sums follow, or a later read of a page
+        // they hold would find it "bad" (a write-back that never completes, say on
+        // eviction, keeps what reached them).
+        if !entry.loc.is_empty() {
             entry.written = true;
             entry.sums.record(written);
             // A whole block's write carries zeros past its copies: not remote pages.
             entry.sums.truncate(entry.loc.bytes());
-            true
-        } else {
-            // A failed copy holds unknown bytes: it is no copy. Its block is not freed
-            // (a late write could still land in it); it goes with its memnode's epoch.
-            entry.loc.retain(|r| !failed.contains(r));
-            true
-        };
-        if log_it {
-            m.block_changed(key.1);
-            self.changed(&inode);
         }
+        // The log learns of every write-back (its sums) and of lost copies.
+        m.block_changed(key.1);
+        self.changed(&inode);
         failed.is_empty()
     }
 }

@@ -643,6 +643,22 @@ impl RemoteStore {
         let Some(page) = sums::first_mismatch(offset, data, expected) else {
             return Ok(());
         };
+        // What was found, for whoever reads the log: the sums and whether the page
+        // held nothing at all (memory that was never written, or was given back).
+        let at = page - offset;
+        let bytes = &data[at..at + PAGE as usize];
+        let want = expected[(page - offset.next_multiple_of(PAGE as usize)) / PAGE as usize];
+        log::error!(
+            "page {} of a block copy: sum {:#010x} expected {:#010x}{}",
+            page / PAGE as usize,
+            sums::page_sum(bytes),
+            want.unwrap_or(0),
+            if bytes.iter().all(|&b| b == 0) {
+                " (all zeros)"
+            } else {
+                ""
+            }
+        );
         let (node, addr) = self.note_checksum_failure(replica, page);
         Err(RemoteError::Corrupt { node, addr })
     }
