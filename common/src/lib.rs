@@ -3,5 +3,6 @@
 pub mod control;
 pub mod fabric;
 pub mod protocol;
+pub mod reclaim;
 pub mod size;
 pub mod token;

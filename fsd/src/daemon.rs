@@ -169,6 +169,12 @@ pub struct Options {
     /// a free port, printed on stdout as `fsd metrics on ADDR`). Off by default.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics: Option<String>,
+    /// Serve a swap device on the mount (a file on it behind a loop device; see
+    /// scripts/swap): fsd's memory locked and resident from the start (its cache and
+    /// an embedded memnode's region included), its threads I/O flushers, the OOM
+    /// killer's last choice, so it never needs the reclaim it serves. Needs root.
+    #[arg(long)]
+    pub for_swap: bool,
 }
 
 impl Options {
@@ -268,6 +274,13 @@ impl StopSignal {
 /// Runs fsd until it is unmounted or signalled.
 pub fn run(opts: Options) -> anyhow::Result<()> {
     opts.validate()?;
+    if opts.for_swap {
+        // First: before any thread starts (they inherit the flusher flag) and before
+        // the cache and an embedded memnode's region are mapped (then faulted in).
+        rmemfs_common::reclaim::protect_from_reclaim()
+            .context("--for-swap")?
+            .log("--for-swap");
+    }
     let timeout = Duration::from_secs_f64(opts.op_timeout);
     let poll = Duration::from_micros(opts.poll_us);
     let mut token = opts.token().unwrap_or_default().as_bytes().to_vec();

@@ -50,6 +50,12 @@ struct Cli {
     #[arg(long)]
     huge_pages: bool,
 
+    /// Keep this memnode out of memory reclaim, for a swap device on rmemfs: all of
+    /// its memory locked and resident from the start (the whole region), its threads
+    /// I/O flushers, the OOM killer's last choice. Needs root.
+    #[arg(long)]
+    lock_memory: bool,
+
     /// Fabric backend: verbs (RDMA), tcp, or auto (verbs when this host has an RDMA
     /// device, tcp otherwise).
     #[arg(long, value_name = "auto|verbs|tcp", default_value = "auto", value_parser = Transport::from_str)]
@@ -98,6 +104,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     use anyhow::Context;
     // Register before binding so a signal that arrives during startup is not lost.
     let mut signals = Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
+    if cli.lock_memory {
+        // Before the region is mapped (it is then faulted in whole) and before any
+        // thread starts (they inherit the flusher flag).
+        rmemfs_common::reclaim::protect_from_reclaim()
+            .context("--lock-memory")?
+            .log("--lock-memory");
+    }
     let mut node = Memnode::start(MemnodeConfig {
         listen: cli.listen.clone(),
         size: cli.size,

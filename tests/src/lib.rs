@@ -19,6 +19,8 @@
 //!   reject before mounting.
 //! - [`helper`] installs rmemfs with `scripts/install` and mounts it through mount(8)
 //!   and the `mount.fuse.rmemfs` helper ([`HelperMount`]), as an administrator does.
+//! - [`swap`] sets up swap on a mount (`scripts/swap`), a memory cgroup to push a
+//!   process into it and a hog that leaves the machine short of memory.
 //! - [`stats`] reads fsd's `--stats-file` and waits, bounded, for its counters to
 //!   reach a state.
 //! - [`metrics`] talks HTTP to the daemons' `--metrics` endpoints, raw or as a scrape
@@ -56,6 +58,7 @@ pub mod procmem;
 pub mod snapshot;
 pub mod stats;
 pub mod status;
+pub mod swap;
 pub mod tmpfs;
 pub mod transport;
 pub mod tree;

@@ -83,6 +83,8 @@ pub const SETTINGS: &[Setting] = &[
     switch("direct_io", "--direct-io"),
     switch("page_cache", "--page-cache"),
     switch("writeback_cache", "--writeback-cache"),
+    switch("for_swap", "--for-swap"),
+    valued("metrics", "--metrics"),
 ];
 
 /// Settings whose value is a path: made absolute from the caller's directory,
