@@ -896,6 +896,8 @@ fn install_into_a_destdir_is_complete_and_idempotent() {
         ("etc/systemd/system/memnode.service", None),
         ("usr/local/share/rmemfs/systemd/mnt-rmemfs.mount", None),
         ("usr/local/share/doc/rmemfs/mounting.md", None),
+        ("usr/local/share/doc/rmemfs/metrics.md", None),
+        ("usr/local/share/doc/rmemfs/swap.md", None),
     ] {
         let meta = fs::metadata(dest.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
         if let Some(bin) = from {
@@ -906,6 +908,16 @@ fn install_into_a_destdir_is_complete_and_idempotent() {
             assert_eq!(meta.permissions().mode() & 0o777, 0o644, "{path}");
         }
     }
+    let swap = dest.join("usr/local/sbin/rmemfs-swap");
+    assert_eq!(
+        fs::metadata(&swap).expect("rmemfs-swap").permissions().mode() & 0o777,
+        0o755
+    );
+    assert_eq!(
+        fs::read(&swap).unwrap(),
+        fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/swap")).unwrap(),
+        "rmemfs-swap is scripts/swap"
+    );
     let link = fs::read_link(dest.join("sbin/mount.fuse.rmemfs")).expect("the /sbin link");
     assert_eq!(link, Path::new("/usr/local/sbin/mount.fuse.rmemfs"));
     let service = fs::read_to_string(dest.join("etc/systemd/system/memnode.service")).unwrap();
