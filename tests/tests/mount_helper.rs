@@ -898,6 +898,7 @@ fn install_into_a_destdir_is_complete_and_idempotent() {
         ("usr/local/share/doc/rmemfs/mounting.md", None),
         ("usr/local/share/doc/rmemfs/metrics.md", None),
         ("usr/local/share/doc/rmemfs/swap.md", None),
+        ("usr/local/share/doc/rmemfs/reference.md", None),
     ] {
         let meta = fs::metadata(dest.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
         if let Some(bin) = from {
