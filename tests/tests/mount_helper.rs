@@ -911,7 +911,11 @@ fn install_into_a_destdir_is_complete_and_idempotent() {
     }
     let swap = dest.join("usr/local/sbin/rmemfs-swap");
     assert_eq!(
-        fs::metadata(&swap).expect("rmemfs-swap").permissions().mode() & 0o777,
+        fs::metadata(&swap)
+            .expect("rmemfs-swap")
+            .permissions()
+            .mode()
+            & 0o777,
         0o755
     );
     assert_eq!(
