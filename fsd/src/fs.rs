@@ -700,8 +700,28 @@ impl RmemFs {
             .ok_or(FsError::TooLarge)?;
         let inode = self.file_inode(ino)?;
         let _io = inode.io_shared();
-        self.allocate_blocks(&inode, offset..end)?;
+        self.retry_when_full(|| self.allocate_blocks(&inode, offset..end))?;
         self.write_allocated(&inode, offset, data)
+    }
+
+    /// Runs `alloc`; when it finds remote memory full on a volume whose freed blocks
+    /// wait for a commit (deletes, truncates: see `volume/journal.rs`), commits now
+    /// and runs it once more, as ext4 commits its journal before it answers ENOSPC.
+    /// Without this, a file deleted to make room gives it back only at the next
+    /// periodic commit. The caller holds no inode's meta lock (commits take them).
+    fn retry_when_full<T>(&self, mut alloc: impl FnMut() -> FsResult<T>) -> FsResult<T> {
+        match alloc() {
+            Err(FsError::NoSpace)
+                if self
+                    .volume
+                    .as_ref()
+                    .is_some_and(|v| v.journal().has_frees()) =>
+            {
+                self.commit().map_err(|_| FsError::NoSpace)?;
+                alloc()
+            }
+            r => r,
+        }
     }
 
     /// Clears setuid/setgid of a file as `how` says, before a write or fallocate

@@ -606,3 +606,66 @@ fn rmemfs_volume_list_and_destroy() {
         "no volumes are left after destroying both"
     );
 }
+
+/// Writes `path` in 1 MiB pieces of `pattern` until the filesystem answers ENOSPC;
+/// the bytes written. Any other error fails the test.
+fn write_until_full(path: &Path, pattern: &Pattern) -> u64 {
+    let f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+    let mut at = 0u64;
+    loop {
+        let piece = pattern.bytes(at, MIB as usize);
+        match f.write_all_at(&piece, at) {
+            Ok(()) => at += piece.len() as u64,
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+            Err(e) => panic!("write {} at {at}: {e}", path.display()),
+        }
+        assert!(at < 1 << 30, "{} never filled the memnode", path.display());
+    }
+    // What made it is whole pieces: cut a piece the full memnode took only in part.
+    f.set_len(at).expect("truncate to the whole pieces");
+    f.sync_all().expect("fsync");
+    at
+}
+
+/// A volume whose memnode fills up: a file deleted gives its room to the next write
+/// at once (the write's ENOSPC commits the delete), and a volume that is full still
+/// unmounts with its last checkpoint written (to the spare metadata chunks) and
+/// mounts again with every byte and fsck clean.
+#[test]
+fn a_full_volume_gives_a_deleted_files_room_back_at_once_and_unmounts_clean() {
+    let _serial = heavy_test();
+    let pattern = Pattern::for_test("a full volume");
+    let memnode = MemnodeProc::start("96M");
+    let args = ["--volume", "full", "--cache", "16M"];
+    let fsd = FsdMount::with_memnode(&memnode, &args);
+    let first = write_until_full(&fsd.join("first"), &pattern);
+    assert!(first >= 32 * MIB, "only {first} bytes fit a 96 MiB memnode");
+    std::fs::remove_file(fsd.join("first")).expect("rm first");
+    let second = write_until_full(&fsd.join("second"), &pattern);
+    println!("{first} bytes before the delete, {second} right after it");
+    assert!(
+        second + 2 * MIB >= first,
+        "a write right after deleting a {first}-byte file got only {second} bytes: the \
+         delete's room was not given back"
+    );
+    fsd.unmount();
+    volume::assert_fsck_clean(
+        "full",
+        &[&memnode],
+        "after an unmount with the memnode full",
+    );
+    let fsd = FsdMount::with_memnode(&memnode, &args);
+    assert!(!fsd.join("first").exists(), "the deleted file came back");
+    let got = std::fs::read(fsd.join("second")).expect("read second");
+    assert_bytes_eq(
+        &pattern.bytes(0, second as usize),
+        &got,
+        0,
+        "second after a remount",
+    );
+    fsd.unmount();
+}

@@ -84,7 +84,7 @@ impl RmemFs {
 
     /// Gives every block that `bytes` touches remote memory up to the range's end.
     fn reserve(&self, inode: &Inode, bytes: Range<u64>) -> FsResult<()> {
-        self.allocate_blocks(inode, bytes.clone())?;
+        self.retry_when_full(|| self.allocate_blocks(inode, bytes.clone()))?;
         self.fit_blocks(inode, bytes)
     }
 

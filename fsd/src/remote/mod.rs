@@ -939,12 +939,20 @@ impl RemoteStore {
         self.post(ops).into_iter().collect()
     }
 
-    /// Releases the volume on every memnode that is up (unmount): its chunks stay.
+    /// Releases the volume on every memnode that is up (unmount): its chunks stay,
+    /// but for the entirely free ones the block pools held.
     pub fn close_volume(&self) {
         for node in &self.nodes {
             let Ok(link) = node.link() else { continue };
             if link.volume.is_none() {
                 continue;
+            }
+            let (epoch, empty) = {
+                let mut pool = lock(&node.pool);
+                (pool.epoch, pool.blocks.take_empty_chunks())
+            };
+            for c in empty {
+                self.free_chunk(node, epoch, c.addr, c.rkey);
             }
             if let Err(e) = control::volume_close(link.control()) {
                 log::warn!("closing the volume: {}", node.control_error(link.epoch, e));

@@ -186,16 +186,28 @@ impl BlockPool {
 
     /// Removes every entirely free chunk but one and returns them for freeing.
     fn release_empty_chunks(&mut self) -> Vec<Allocation> {
+        // Keep the lowest empty chunk as a spare.
+        self.remove_empty_chunks(1)
+    }
+
+    /// Removes every entirely free chunk, the spare too, and returns them for
+    /// freeing (a volume let go of: an empty chunk would stay on the memnode as the
+    /// volume's, referenced by nothing).
+    pub fn take_empty_chunks(&mut self) -> Vec<Allocation> {
+        self.remove_empty_chunks(0)
+    }
+
+    /// Removes the entirely free chunks past the lowest `keep`.
+    fn remove_empty_chunks(&mut self, keep: usize) -> Vec<Allocation> {
         let empty: Vec<u64> = self
             .chunks
             .iter()
             .filter(|(_, c)| c.free == c.usable)
             .map(|(&a, _)| a)
             .collect();
-        // Keep the lowest empty chunk as a spare.
         empty
             .into_iter()
-            .skip(1)
+            .skip(keep)
             .filter_map(|start| {
                 let c = self.chunks.remove(&start)?;
                 self.remove_extent(start, c.usable);

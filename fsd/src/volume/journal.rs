@@ -59,6 +59,11 @@ impl Journal {
         lock(&self.frees).extend(blocks);
     }
 
+    /// True when blocks wait for a commit to be given back.
+    pub fn has_frees(&self) -> bool {
+        !lock(&self.frees).is_empty()
+    }
+
     /// Takes the deferred frees (first, before [`Journal::take`]: see the module docs).
     pub fn take_frees(&self) -> Vec<BlockLoc> {
         std::mem::take(&mut *lock(&self.frees))

@@ -43,6 +43,24 @@
 //! The allocator's state is not logged: it is what the memnodes list as the volume's
 //! chunks, less the blocks the namespace references, worked out at mount.
 //!
+//! # Room for the next checkpoint
+//!
+//! A checkpoint needs room for itself and a log before it can free anything, and
+//! blocks freed by deletes are reused only after a commit records them (see above).
+//! If the checkpoint had to ask the memnodes for fresh chunks, a volume whose memnodes
+//! filled up would wedge for good: every commit a checkpoint that finds no room, so
+//! no delete ever becomes durable and no space ever comes back. So the previous
+//! generation's chunks are not given back but kept as **spares**, and the next
+//! checkpoint is written into them (the superblock slots alternate the same way).
+//! Reusing a log is safe because sequence numbers only grow: the entries left from
+//! two generations ago are older than the superblock's `first_seq`, so a replay stops
+//! at them as at the end of the log. A checkpoint chunk is allocated with room to grow
+//! ([`checkpoint_room`]), and a spare smaller than that for the namespace of the
+//! checkpoint just written is grown then, while deletes may have made room: the
+//! namespace would have to grow by half (at least 1 MiB) between two checkpoints
+//! before a full memnode could stop one. The price is a second set of metadata chunks
+//! per metadata copy (a log of [`LOG_BYTES`] and a checkpoint area).
+//!
 //! # Page sums in the log
 //!
 //! A block record carries the crc32c of each page of its copies that fsd knows
@@ -103,6 +121,25 @@ struct MetaCopy {
     log: Allocation,
 }
 
+/// A generation's chunks kept for a later checkpoint (see "Room for the next
+/// checkpoint").
+#[derive(Debug, Clone, Copy)]
+struct Spare {
+    copy: MetaCopy,
+    /// The link (epoch, memnode id) whose rkeys the chunks carry.
+    link: (u32, u64),
+}
+
+/// Bytes of the chunk a checkpoint of `len` bytes is written to: half again (at
+/// least 1 MiB more), so later checkpoints fit the same chunk as the namespace grows,
+/// in whole MiB, so a chunk given back (a spare at unmount) is the size the next
+/// mount asks for unless the namespace grew past a MiB boundary meanwhile.
+pub fn checkpoint_room(len: u64) -> u64 {
+    len.saturating_add((len / 2).max(1 << 20))
+        .div_ceil(1 << 20)
+        .saturating_mul(1 << 20)
+}
+
 struct State {
     generation: u64,
     /// Sequence number of the next log entry.
@@ -111,6 +148,10 @@ struct State {
     /// generation; copies on other epochs are not stored (they are lost copies).
     members: Vec<Option<(u32, u64)>>,
     copies: Vec<MetaCopy>,
+    /// The previous generation's chunks, for the next checkpoint.
+    spares: Vec<Spare>,
+    /// Bytes of the last checkpoint written.
+    checkpoint_len: u64,
     /// Bytes of the log written this generation.
     tail: u64,
     /// A commit failed or a copy was lost: the next commit is a checkpoint.
@@ -306,6 +347,8 @@ impl Volume {
                 next_seq,
                 members: Vec::new(),
                 copies: Vec::new(),
+                spares: Vec::new(),
+                checkpoint_len: 0,
                 tail: 0,
                 need_checkpoint: true,
                 upgrade,
@@ -322,6 +365,9 @@ impl Volume {
         for (node, area) in old {
             remote.free_chunk_of(node, area);
         }
+        // The old generation's room, given back just now, is the likeliest to make
+        // the spares where the mount's checkpoint found none (a full memnode).
+        volume.ensure_spares(&mut lock(&volume.state));
         Ok((volume, ns, report))
     }
 
@@ -477,12 +523,23 @@ impl Volume {
         let generation = st.generation + 1;
         let checkpoint = encode_checkpoint(generation, &encode_records(&records));
         let want = self.remote.replicas().max(1);
+        // Spares whose memnode is on another link now carry dead rkeys.
+        let (mut spares, stale): (Vec<Spare>, Vec<Spare>) = std::mem::take(&mut st.spares)
+            .into_iter()
+            .partition(|s| members.get(s.copy.node).copied().flatten() == Some(s.link));
+        for s in stale {
+            self.free_copy(s.copy, false);
+        }
         let mut copies = Vec::new();
         for node in (0..nodes).filter(|&i| members[i].is_some()) {
             if copies.len() == want {
                 break;
             }
-            match self.write_copy(node, &checkpoint) {
+            let mut spare = spares
+                .iter()
+                .position(|s| s.copy.node == node)
+                .map(|k| spares.swap_remove(k));
+            match self.write_copy(node, &checkpoint, &mut spare) {
                 Ok(c) => copies.push(c),
                 Err(e) => log::warn!(
                     "volume {}: no checkpoint copy on memnode {}: {e}",
@@ -490,8 +547,10 @@ impl Volume {
                     self.remote.node_name(node)
                 ),
             }
+            spares.extend(spare);
         }
         if copies.is_empty() {
+            st.spares = spares;
             st.need_checkpoint = true;
             self.journal.return_frees(frees);
             return Err(VolumeError::NoCopy(format!(
@@ -559,10 +618,10 @@ impl Volume {
             .iter()
             .filter(|c| !durable.iter().any(|d| d.node == c.node))
         {
-            self.remote.free_chunk_of(c.node, c.checkpoint);
-            self.remote.free_chunk_of(c.node, c.log);
+            self.free_copy(*c, true);
         }
         if durable.is_empty() {
+            st.spares = spares;
             st.need_checkpoint = true;
             self.journal.return_frees(frees);
             return Err(VolumeError::NoCopy(format!(
@@ -570,16 +629,20 @@ impl Volume {
                 self.name
             )));
         }
+        // Spares on memnodes that hold no copy now are of no use.
+        for s in spares {
+            self.free_copy(s.copy, true);
+        }
+        // The generation just replaced: the spares of the next checkpoint.
         let old = std::mem::replace(&mut st.copies, durable);
         for c in old {
-            let same_link = st.members.get(c.node).copied().flatten() == members[c.node];
-            for chunk in [c.checkpoint, c.log] {
-                if same_link {
-                    self.remote.free_chunk_of(c.node, chunk);
-                } else {
-                    // Its rkeys are of an older link to that memnode.
-                    self.remote.free_volume_chunk_at(c.node, chunk.addr);
+            match members.get(c.node).copied().flatten() {
+                Some(link) if st.members.get(c.node).copied().flatten() == Some(link) => {
+                    let spare = self.grown_spare(c, checkpoint.len() as u64);
+                    st.spares.push(Spare { copy: spare, link });
                 }
+                // Its rkeys are of an older link to that memnode.
+                _ => self.free_copy(c, false),
             }
         }
         log::info!(
@@ -594,29 +657,64 @@ impl Volume {
         st.tail = 0;
         st.upgrade = false;
         st.need_checkpoint = st.copies.len() < want.min(self.remote.nodes_up());
+        st.checkpoint_len = checkpoint.len() as u64;
+        self.ensure_spares(st);
         self.remote.free_blocks(frees);
         Ok(())
     }
 
-    /// Allocates and fills one memnode's checkpoint and (empty) log chunks.
-    fn write_copy(&self, node: usize, checkpoint: &[u8]) -> Result<MetaCopy, RemoteError> {
-        let ck = self.remote.alloc_chunk(node, checkpoint.len() as u64)?;
-        let log = match self.remote.alloc_chunk(node, LOG_BYTES) {
-            Ok(l) => l,
-            Err(e) => {
-                self.remote.free_chunk_of(node, ck);
-                return Err(e);
-            }
+    /// Writes `checkpoint` to one memnode with an empty log: into `spare`'s chunks
+    /// (taken when used; a log reused holds only older entries, which a replay takes
+    /// for the end of the log) or fresh ones. A spare whose checkpoint chunk is too
+    /// small keeps its log and gets a larger checkpoint chunk.
+    fn write_copy(
+        &self,
+        node: usize,
+        checkpoint: &[u8],
+        spare: &mut Option<Spare>,
+    ) -> Result<MetaCopy, RemoteError> {
+        let len = checkpoint.len() as u64;
+        let reused = spare.map(|s| s.copy);
+        let fits = reused.filter(|c| c.checkpoint.len >= len);
+        let ck = match fits {
+            Some(c) => c.checkpoint,
+            // Room to grow if the memnode has it, else just what this one needs.
+            None => match self.remote.alloc_chunk(node, checkpoint_room(len)) {
+                Err(RemoteError::NoSpace) => self.remote.alloc_chunk(node, len.max(1))?,
+                r => r?,
+            },
+        };
+        let log = match reused {
+            Some(c) => c.log,
+            None => match self.remote.alloc_chunk(node, LOG_BYTES) {
+                Ok(l) => l,
+                Err(e) => {
+                    self.remote.free_chunk_of(node, ck);
+                    return Err(e);
+                }
+            },
         };
         let at = RemoteAddr {
             addr: ck.addr,
             rkey: ck.rkey,
         };
         if let Err(e) = self.remote.write_at(node, at, checkpoint) {
-            self.remote.free_chunk_of(node, ck);
-            self.remote.free_chunk_of(node, log);
+            // A spare stays one (what it held was of no use already); fresh chunks
+            // go back.
+            if fits.is_none() {
+                self.remote.free_chunk_of(node, ck);
+            }
+            if reused.is_none() {
+                self.remote.free_chunk_of(node, log);
+            }
             return Err(e);
         }
+        if let Some(c) = reused {
+            if fits.is_none() {
+                self.remote.free_chunk_of(node, c.checkpoint);
+            }
+        }
+        *spare = None;
         Ok(MetaCopy {
             node,
             checkpoint: ck,
@@ -624,10 +722,105 @@ impl Volume {
         })
     }
 
-    /// A checkpoint now (unmount: the next mount has no log to replay).
+    /// `c` as a spare for checkpoints of `len` bytes and more: its checkpoint chunk
+    /// replaced by one with [`checkpoint_room`] when smaller, if the memnode has room
+    /// (else it stays as it is, and a later checkpoint may need fresh room).
+    fn grown_spare(&self, c: MetaCopy, len: u64) -> MetaCopy {
+        let room = checkpoint_room(len);
+        if c.checkpoint.len >= room {
+            return c;
+        }
+        match self.remote.alloc_chunk(c.node, room) {
+            Ok(ck) => {
+                self.remote.free_chunk_of(c.node, c.checkpoint);
+                MetaCopy {
+                    checkpoint: ck,
+                    ..c
+                }
+            }
+            Err(e) => {
+                log::warn!(
+                    "volume {}: the spare checkpoint area on memnode {} stays at {} \
+                     (the next checkpoint may need {}): {e}",
+                    self.name,
+                    self.remote.node_name(c.node),
+                    format_size(c.checkpoint.len),
+                    format_size(room)
+                );
+                c
+            }
+        }
+    }
+
+    /// Gives every metadata copy a spare (the first checkpoint of a mount has no
+    /// generation before it to keep), while the memnodes have room.
+    fn ensure_spares(&self, st: &mut State) {
+        let len = st.checkpoint_len;
+        let bare: Vec<usize> = st
+            .copies
+            .iter()
+            .map(|c| c.node)
+            .filter(|&n| !st.spares.iter().any(|s| s.copy.node == n))
+            .collect();
+        for node in bare {
+            let Some(link) = st.members.get(node).copied().flatten() else {
+                continue;
+            };
+            let spare = self
+                .remote
+                .alloc_chunk(node, checkpoint_room(len))
+                .and_then(
+                    |checkpoint| match self.remote.alloc_chunk(node, LOG_BYTES) {
+                        Ok(log) => Ok(MetaCopy {
+                            node,
+                            checkpoint,
+                            log,
+                        }),
+                        Err(e) => {
+                            self.remote.free_chunk_of(node, checkpoint);
+                            Err(e)
+                        }
+                    },
+                );
+            match spare {
+                Ok(copy) => st.spares.push(Spare { copy, link }),
+                Err(e) => log::warn!(
+                    "volume {}: no spare metadata chunks on memnode {} ({e}): with its \
+                     memory full, the next checkpoint would find no room",
+                    self.name,
+                    self.remote.node_name(node)
+                ),
+            }
+        }
+    }
+
+    /// Gives a copy's chunks back: on the link they were allocated on (`same_link`),
+    /// or by address on the memnode's current link (their rkeys are of an older one).
+    fn free_copy(&self, c: MetaCopy, same_link: bool) {
+        for chunk in [c.checkpoint, c.log] {
+            if same_link {
+                self.remote.free_chunk_of(c.node, chunk);
+            } else {
+                self.remote.free_volume_chunk_at(c.node, chunk.addr);
+            }
+        }
+    }
+
+    /// A last checkpoint (unmount: the next mount has no log to replay), then the
+    /// spares given back: a mount writes its first checkpoint to fresh chunks.
     pub fn checkpoint(&self, ns: &Namespace) -> Result<(), VolumeError> {
         let mut st = lock(&self.state);
-        self.checkpoint_locked(&mut st, ns, Vec::new())
+        self.checkpoint_locked(&mut st, ns, Vec::new())?;
+        for s in std::mem::take(&mut st.spares) {
+            self.free_copy(s.copy, true);
+        }
+        Ok(())
+    }
+
+    /// Makes the next commit a checkpoint, as a full log or a failed commit does.
+    #[cfg(test)]
+    pub fn want_checkpoint(&self) {
+        lock(&self.state).need_checkpoint = true;
     }
 
     /// Whether the metadata has fewer copies than it should (maintenance then

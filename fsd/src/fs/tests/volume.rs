@@ -525,3 +525,78 @@ fn a_version_1_volume_mounts_and_is_rewritten_as_version_2_in_both_slots() {
     );
     assert_eq!(check(&node), (vec![], 0));
 }
+
+/// Writes `name` in 256 KiB pieces, each written back, until remote memory is full
+/// (the write or its write-back fails with ENOSPC): the bytes that made it.
+fn fill(fs: &RmemFs, name: &str) -> (Ino, u64) {
+    let ino = new_file(fs, name);
+    let piece = pattern(64 * BS as usize, 9);
+    let mut at = 0;
+    loop {
+        match fs.write(ino, at, &piece).and_then(|_| fs.fsync(ino)) {
+            Ok(()) => at += piece.len() as u64,
+            Err(FsError::NoSpace) => return (ino, at),
+            Err(e) => panic!("filling {name}: {e}"),
+        }
+        assert!(at < 1 << 30, "remote memory never filled");
+    }
+}
+
+#[test]
+fn a_volume_whose_memory_filled_up_still_commits_its_deletes_and_gets_the_space_back() {
+    let node = memnode();
+    let fs = mount(&node);
+    let keep = new_file(&fs, "keep");
+    let kept = pattern(3 * BS as usize, 4);
+    fs.write(keep, 0, &kept).unwrap();
+    fs.fsync_durable(keep).unwrap();
+    let volume = fs.volume.clone().expect("on a volume");
+    // A checkpoint after the mount's: the mount's chunks become the spares.
+    volume.want_checkpoint();
+    fs.flush_all().unwrap();
+    let (big, filled) = fill(&fs, "big");
+    assert!(filled > 8 << 20, "only {filled} bytes before ENOSPC");
+    fs.unlink(ROOT_INO, "big".as_ref()).unwrap();
+    fs.release(big).unwrap();
+    // With every byte of remote memory taken, the commit that frees "big" has to be
+    // a checkpoint (as when the log is full): it must still find room.
+    volume.want_checkpoint();
+    fs.flush_all()
+        .expect("a checkpoint with remote memory full goes to the spares");
+    let (again_ino, again) = fill(&fs, "again");
+    assert!(
+        again + (1 << 20) >= filled,
+        "the space of the deleted file came back: {again} bytes now, {filled} before"
+    );
+    fs.unlink(ROOT_INO, "again".as_ref()).unwrap();
+    fs.release(again_ino).unwrap();
+    volume.want_checkpoint();
+    fs.flush_all().unwrap();
+    fs.shutdown();
+    drop(fs);
+    let fs = mount(&node);
+    assert_eq!(lookup(&fs, "big"), None);
+    let keep = lookup(&fs, "keep").expect("kept");
+    assert_eq!(fs.read(keep, 0, kept.len() as u32).unwrap(), kept);
+    fs.shutdown();
+    drop(fs);
+    assert_eq!(check(&node), (vec![], 0), "clean, spares given back");
+}
+
+#[test]
+fn on_a_full_volume_a_write_right_after_a_delete_gets_the_deleted_files_space() {
+    let node = memnode();
+    let fs = mount(&node);
+    let (big, filled) = fill(&fs, "big");
+    fs.unlink(ROOT_INO, "big".as_ref()).unwrap();
+    fs.release(big).unwrap();
+    // No commit in between: the write's ENOSPC commits the delete and tries again.
+    let (_, again) = fill(&fs, "again");
+    assert!(
+        again + (1 << 20) >= filled,
+        "{again} bytes written after the delete, {filled} before it"
+    );
+    fs.shutdown();
+    drop(fs);
+    assert_eq!(check(&node), (vec![], 0));
+}
