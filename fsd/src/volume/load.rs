@@ -57,6 +57,12 @@ pub struct Loaded {
     pub chunks: Vec<BTreeMap<u64, Allocation>>,
     /// Chunks holding the loaded generation's metadata (node, chunk).
     pub metadata: Vec<(usize, Allocation)>,
+    /// The loaded generation's copies: (node, checkpoint chunk, log chunk).
+    pub current: Vec<(usize, Allocation, Allocation)>,
+    /// The previous generation's chunks, which the older superblock slot names and
+    /// nothing else uses: the spares of the next checkpoint (node, checkpoint chunk,
+    /// log chunk).
+    pub spares: Vec<(usize, Allocation, Allocation)>,
     /// What each memnode's copy looked like (for fsck): node, superblock area,
     /// checkpoint and log areas, and what was wrong with it.
     pub copies: Vec<CopyReport>,
@@ -78,22 +84,31 @@ fn damaged(volume: &str, what: impl Into<String>) -> VolumeError {
     }
 }
 
-/// The newest valid superblock in a root chunk (or what is wrong with it), and what
-/// is wrong with a slot that did not decode. A damaged slot beside a valid one is
+/// What a root chunk's two superblock slots hold: the newest valid superblock (or
+/// what is wrong with it), what is wrong with a slot that did not decode, and the
+/// older superblock when both are valid (it names the spare metadata chunks: see
+/// "Room for the next checkpoint" in `mod.rs`).
+struct RootRead {
+    newest: Result<Option<Superblock>, String>,
+    damage: Option<String>,
+    older: Option<Superblock>,
+}
+
+/// Reads both superblock slots of a root chunk. A damaged slot beside a valid one is
 /// what a torn superblock write leaves; it is also what damage to the newest one
 /// looks like, so it is reported either way.
-fn read_superblock(
-    remote: &RemoteStore,
-    node: usize,
-    root: Allocation,
-) -> (Result<Option<Superblock>, String>, Option<String>) {
+fn read_superblock(remote: &RemoteStore, node: usize, root: Allocation) -> RootRead {
     let mut buf = vec![0u8; 2 * SUPERBLOCK_SLOT];
     let at = RemoteAddr {
         addr: root.addr,
         rkey: root.rkey,
     };
     if let Err(e) = remote.read_at(node, at, &mut buf) {
-        return (Err(e.to_string()), None);
+        return RootRead {
+            newest: Err(e.to_string()),
+            damage: None,
+            older: None,
+        };
     }
     let a = Superblock::decode(&buf[..SUPERBLOCK_SLOT]);
     let b = Superblock::decode(&buf[SUPERBLOCK_SLOT..]);
@@ -107,26 +122,34 @@ fn read_superblock(
     // newer fsd: the other slot is older, not a fallback.
     for (slot, r) in [(0, &a), (1, &b)] {
         if let Err(e @ super::format::FormatError::Version(_)) = r {
-            return (
-                Err(format!(
+            return RootRead {
+                newest: Err(format!(
                     "superblock slot {slot} was written by another fsd version: {e}"
                 )),
-                None,
-            );
+                damage: None,
+                older: None,
+            };
         }
     }
-    match (a, b) {
-        (Ok(a), Ok(b)) => (
-            Ok(match (a, b) {
-                (Some(a), Some(b)) => Some(if a.generation >= b.generation { a } else { b }),
-                (a, b) => a.or(b),
-            }),
-            None,
-        ),
-        (Ok(Some(s)), Err(e)) => (Ok(Some(s)), Some(damage(1, &e))),
-        (Err(e), Ok(Some(s))) => (Ok(Some(s)), Some(damage(0, &e))),
-        (Err(e), _) => (Err(damage(0, &e)), None),
-        (_, Err(e)) => (Err(damage(1, &e)), None),
+    let (newest, damage, older) = match (a, b) {
+        (Ok(Some(a)), Ok(Some(b))) => {
+            let (newest, older) = if a.generation >= b.generation {
+                (a, b)
+            } else {
+                (b, a)
+            };
+            (Ok(Some(newest)), None, Some(older))
+        }
+        (Ok(a), Ok(b)) => (Ok(a.or(b)), None, None),
+        (Ok(Some(s)), Err(e)) => (Ok(Some(s)), Some(damage(1, &e)), None),
+        (Err(e), Ok(Some(s))) => (Ok(Some(s)), Some(damage(0, &e)), None),
+        (Err(e), _) => (Err(damage(0, &e)), None, None),
+        (_, Err(e)) => (Err(damage(1, &e)), None, None),
+    };
+    RootRead {
+        newest,
+        damage,
+        older,
     }
 }
 
@@ -141,6 +164,7 @@ fn chunk_of(chunks: &BTreeMap<u64, Allocation>, addr: u64, len: u64) -> Option<A
 pub fn load(remote: &RemoteStore, volume: &str) -> Result<Option<Loaded>, VolumeError> {
     let nodes = remote.node_count();
     let mut supers: Vec<(usize, Superblock)> = Vec::new();
+    let mut olders: Vec<(usize, Superblock)> = Vec::new();
     let mut copies = Vec::new();
     let mut damaged_supers = Vec::new();
     for node in 0..nodes {
@@ -151,7 +175,12 @@ pub fn load(remote: &RemoteStore, volume: &str) -> Result<Option<Loaded>, Volume
             addr: root.addr,
             len: 2 * SUPERBLOCK_SLOT as u64,
         };
-        let (read, slot_damage) = read_superblock(remote, node, root);
+        let RootRead {
+            newest: read,
+            damage: slot_damage,
+            older,
+        } = read_superblock(remote, node, root);
+        olders.extend(older.map(|o| (node, o)));
         if let Some(d) = &slot_damage {
             log::warn!("volume {volume}: memnode {}: {d}", remote.node_name(node));
             damaged_supers.push(format!("memnode {}: {d}", remote.node_name(node)));
@@ -261,12 +290,14 @@ pub fn load(remote: &RemoteStore, volume: &str) -> Result<Option<Loaded>, Volume
         }
     }
     let mut metadata = Vec::new();
+    let mut current = Vec::new();
     for (node, sb) in supers.iter().filter(|(_, s)| s.generation == newest) {
         for area in sb.checkpoint.map(|(a, _)| a).into_iter().chain(sb.log) {
             if let Some(c) = chunk_of(&chunks[*node], area.addr, area.len) {
                 metadata.push((*node, c));
             }
         }
+        current.extend(metadata_chunks(&chunks[*node], sb).map(|(ck, log)| (*node, ck, log)));
     }
     let orphans = image.drop_orphans();
     let problems = image.check();
@@ -291,10 +322,26 @@ pub fn load(remote: &RemoteStore, volume: &str) -> Result<Option<Loaded>, Volume
         slots,
         chunks,
         metadata,
+        current,
+        spares: Vec::new(),
         copies,
     };
     loaded.lost_blocks = loaded.count_lost();
+    loaded.find_spares(&olders);
     Ok(Some(loaded))
+}
+
+/// The chunks holding a superblock's checkpoint and log, when both are whole chunks
+/// of the volume and distinct.
+fn metadata_chunks(
+    chunks: &BTreeMap<u64, Allocation>,
+    sb: &Superblock,
+) -> Option<(Allocation, Allocation)> {
+    let (ck, _) = sb.checkpoint?;
+    let log = sb.log?;
+    let ck = chunk_of(chunks, ck.addr, ck.len)?;
+    let log = chunk_of(chunks, log.addr, log.len)?;
+    (ck.addr != log.addr).then_some((ck, log))
 }
 
 /// One memnode's checkpoint and log, replayed: the image, the next sequence number
@@ -427,11 +474,45 @@ impl Loaded {
         used
     }
 
-    /// Whether chunk `c` of node `node` holds the loaded generation's metadata.
+    /// Whether chunk `c` of node `node` holds the loaded generation's metadata or is
+    /// a spare.
     fn is_metadata(&self, node: usize, c: &Allocation) -> bool {
+        let spare = |&(n, ck, log): &(usize, Allocation, Allocation)| {
+            n == node && (ck.addr == c.addr || log.addr == c.addr)
+        };
         self.metadata
             .iter()
             .any(|(n, m)| *n == node && m.addr == c.addr)
+            || self.spares.iter().any(spare)
+    }
+
+    /// Takes as spares the chunks an older superblock names (`olders`: node, its
+    /// older valid slot) where they are still chunks of the volume that hold no
+    /// block in use and no metadata of the loaded generation. A volume written by an
+    /// fsd that gave those chunks back may have reused their memory: such chunks
+    /// hold blocks, or are no longer there, and are not taken.
+    fn find_spares(&mut self, olders: &[(usize, Superblock)]) {
+        let used = self.used();
+        let mut spares = Vec::new();
+        for (node, sb) in olders {
+            if sb.generation >= self.generation {
+                continue;
+            }
+            let Some(chunks) = self.chunks.get(*node) else {
+                continue;
+            };
+            let Some((ck, log)) = metadata_chunks(chunks, sb) else {
+                continue;
+            };
+            let free = |c: &Allocation| {
+                used[*node].range(c.addr..c.addr + c.len).next().is_none()
+                    && !self.is_metadata(*node, c)
+            };
+            if free(&ck) && free(&log) {
+                spares.push((*node, ck, log));
+            }
+        }
+        self.spares = spares;
     }
 
     /// Chunks of the volume that hold neither metadata nor a block in use.

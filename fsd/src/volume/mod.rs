@@ -51,15 +51,17 @@
 //! filled up would wedge for good: every commit a checkpoint that finds no room, so
 //! no delete ever becomes durable and no space ever comes back. So the previous
 //! generation's chunks are not given back but kept as **spares**, and the next
-//! checkpoint is written into them (the superblock slots alternate the same way).
-//! Reusing a log is safe because sequence numbers only grow: the entries left from
-//! two generations ago are older than the superblock's `first_seq`, so a replay stops
-//! at them as at the end of the log. A checkpoint chunk is allocated with room to grow
-//! ([`checkpoint_room`]), and a spare smaller than that for the namespace of the
-//! checkpoint just written is grown then, while deletes may have made room: the
-//! namespace would have to grow by half (at least 1 MiB) between two checkpoints
-//! before a full memnode could stop one. The price is a second set of metadata chunks
-//! per metadata copy (a log of [`LOG_BYTES`] and a checkpoint area).
+//! checkpoint is written into them. The spares are exactly what the older superblock
+//! slot names, so the format needs nothing new: a mount (or fsck) takes the chunks the
+//! older slot names for spares where they are still chunks of the volume that hold
+//! nothing else, the mount's checkpoint goes into them, and a volume created anew
+//! writes two checkpoints so it has spares from the start. Reusing a log is safe
+//! because sequence numbers only grow: the entries left from two generations ago are
+//! older than the superblock's `first_seq`, so a replay stops at them as at the end of
+//! the log. A checkpoint chunk is allocated with room to grow ([`checkpoint_room`]);
+//! a checkpoint that outgrew its spare's needs a fresh chunk (what is left of a full
+//! memnode may still hold it). The price is a second log of [`LOG_BYTES`] and
+//! checkpoint area per metadata copy, for as long as the volume exists.
 //!
 //! # Page sums in the log
 //!
@@ -150,8 +152,6 @@ struct State {
     copies: Vec<MetaCopy>,
     /// The previous generation's chunks, for the next checkpoint.
     spares: Vec<Spare>,
-    /// Bytes of the last checkpoint written.
-    checkpoint_len: u64,
     /// Bytes of the log written this generation.
     tail: u64,
     /// A commit failed or a copy was lost: the next commit is a checkpoint.
@@ -299,6 +299,8 @@ impl Volume {
         let loaded = load::load(&remote, name)?;
         let mut report = MountReport::default();
         let mut upgrade = false;
+        let mut loaded_copies = Vec::new();
+        let mut loaded_spares = Vec::new();
         let (ns, volume_id, generation, next_seq, old) = match loaded {
             None if remote.nodes_up() < remote.node_count() => {
                 // The memnodes that answered hold no metadata of it; the ones away
@@ -323,6 +325,8 @@ impl Volume {
                 report.reclaimed_chunks = l.reclaim(&remote);
                 report.inodes = l.image.inodes.len();
                 let old = l.metadata.clone();
+                loaded_copies = l.current.clone();
+                loaded_spares = l.spares.clone();
                 let (generation, next_seq, volume_id) = (l.generation, l.next_seq, l.volume_id);
                 if l.version < format::FORMAT_VERSION {
                     log::info!(
@@ -348,7 +352,6 @@ impl Volume {
                 members: Vec::new(),
                 copies: Vec::new(),
                 spares: Vec::new(),
-                checkpoint_len: 0,
                 tail: 0,
                 need_checkpoint: true,
                 upgrade,
@@ -356,18 +359,54 @@ impl Volume {
             closed: Default::default(),
         });
         // A new generation at once: metadata back to R copies on the memnodes up
-        // now, a fresh log, and the old generation's chunks given back.
+        // now and a fresh log, written into the spares the older superblocks name
+        // where they are; the loaded generation's chunks become the next spares.
         {
             let mut st = lock(&volume.state);
+            let link = |node: usize| remote.node_identity(node);
+            st.members = (0..remote.node_count()).map(link).collect();
+            st.copies = loaded_copies
+                .iter()
+                .map(|&(node, checkpoint, log)| MetaCopy {
+                    node,
+                    checkpoint,
+                    log,
+                })
+                .collect();
+            st.spares = loaded_spares
+                .iter()
+                .filter_map(|&(node, checkpoint, log)| {
+                    Some(Spare {
+                        copy: MetaCopy {
+                            node,
+                            checkpoint,
+                            log,
+                        },
+                        link: link(node)?,
+                    })
+                })
+                .collect();
             volume.checkpoint_locked(&mut st, &ns, Vec::new())?;
+            if report.created {
+                // A second one, so the first one's chunks are spares at once.
+                volume.checkpoint_locked(&mut st, &ns, Vec::new())?;
+            }
             report.generation = st.generation;
+            // Metadata chunks of the loaded generation that are no copy (a
+            // checkpoint and log in one chunk, say) are of no further use.
+            let kept = |node: usize, addr: u64| {
+                st.spares
+                    .iter()
+                    .map(|s| s.copy)
+                    .chain(st.copies.clone())
+                    .any(|c| c.node == node && (c.checkpoint.addr == addr || c.log.addr == addr))
+            };
+            for (node, area) in old {
+                if !kept(node, area.addr) {
+                    remote.free_chunk_of(node, area);
+                }
+            }
         }
-        for (node, area) in old {
-            remote.free_chunk_of(node, area);
-        }
-        // The old generation's room, given back just now, is the likeliest to make
-        // the spares where the mount's checkpoint found none (a full memnode).
-        volume.ensure_spares(&mut lock(&volume.state));
         Ok((volume, ns, report))
     }
 
@@ -638,8 +677,7 @@ impl Volume {
         for c in old {
             match members.get(c.node).copied().flatten() {
                 Some(link) if st.members.get(c.node).copied().flatten() == Some(link) => {
-                    let spare = self.grown_spare(c, checkpoint.len() as u64);
-                    st.spares.push(Spare { copy: spare, link });
+                    st.spares.push(Spare { copy: c, link });
                 }
                 // Its rkeys are of an older link to that memnode.
                 _ => self.free_copy(c, false),
@@ -657,8 +695,6 @@ impl Volume {
         st.tail = 0;
         st.upgrade = false;
         st.need_checkpoint = st.copies.len() < want.min(self.remote.nodes_up());
-        st.checkpoint_len = checkpoint.len() as u64;
-        self.ensure_spares(st);
         self.remote.free_blocks(frees);
         Ok(())
     }
@@ -722,78 +758,6 @@ impl Volume {
         })
     }
 
-    /// `c` as a spare for checkpoints of `len` bytes and more: its checkpoint chunk
-    /// replaced by one with [`checkpoint_room`] when smaller, if the memnode has room
-    /// (else it stays as it is, and a later checkpoint may need fresh room).
-    fn grown_spare(&self, c: MetaCopy, len: u64) -> MetaCopy {
-        let room = checkpoint_room(len);
-        if c.checkpoint.len >= room {
-            return c;
-        }
-        match self.remote.alloc_chunk(c.node, room) {
-            Ok(ck) => {
-                self.remote.free_chunk_of(c.node, c.checkpoint);
-                MetaCopy {
-                    checkpoint: ck,
-                    ..c
-                }
-            }
-            Err(e) => {
-                log::warn!(
-                    "volume {}: the spare checkpoint area on memnode {} stays at {} \
-                     (the next checkpoint may need {}): {e}",
-                    self.name,
-                    self.remote.node_name(c.node),
-                    format_size(c.checkpoint.len),
-                    format_size(room)
-                );
-                c
-            }
-        }
-    }
-
-    /// Gives every metadata copy a spare (the first checkpoint of a mount has no
-    /// generation before it to keep), while the memnodes have room.
-    fn ensure_spares(&self, st: &mut State) {
-        let len = st.checkpoint_len;
-        let bare: Vec<usize> = st
-            .copies
-            .iter()
-            .map(|c| c.node)
-            .filter(|&n| !st.spares.iter().any(|s| s.copy.node == n))
-            .collect();
-        for node in bare {
-            let Some(link) = st.members.get(node).copied().flatten() else {
-                continue;
-            };
-            let spare = self
-                .remote
-                .alloc_chunk(node, checkpoint_room(len))
-                .and_then(
-                    |checkpoint| match self.remote.alloc_chunk(node, LOG_BYTES) {
-                        Ok(log) => Ok(MetaCopy {
-                            node,
-                            checkpoint,
-                            log,
-                        }),
-                        Err(e) => {
-                            self.remote.free_chunk_of(node, checkpoint);
-                            Err(e)
-                        }
-                    },
-                );
-            match spare {
-                Ok(copy) => st.spares.push(Spare { copy, link }),
-                Err(e) => log::warn!(
-                    "volume {}: no spare metadata chunks on memnode {} ({e}): with its \
-                     memory full, the next checkpoint would find no room",
-                    self.name,
-                    self.remote.node_name(node)
-                ),
-            }
-        }
-    }
-
     /// Gives a copy's chunks back: on the link they were allocated on (`same_link`),
     /// or by address on the memnode's current link (their rkeys are of an older one).
     fn free_copy(&self, c: MetaCopy, same_link: bool) {
@@ -806,15 +770,12 @@ impl Volume {
         }
     }
 
-    /// A last checkpoint (unmount: the next mount has no log to replay), then the
-    /// spares given back: a mount writes its first checkpoint to fresh chunks.
+    /// A checkpoint now (unmount: the next mount has no log to replay). The spares
+    /// stay: the older superblock names them, and the next mount writes its
+    /// checkpoint there.
     pub fn checkpoint(&self, ns: &Namespace) -> Result<(), VolumeError> {
         let mut st = lock(&self.state);
-        self.checkpoint_locked(&mut st, ns, Vec::new())?;
-        for s in std::mem::take(&mut st.spares) {
-            self.free_copy(s.copy, true);
-        }
-        Ok(())
+        self.checkpoint_locked(&mut st, ns, Vec::new())
     }
 
     /// Makes the next commit a checkpoint, as a full log or a failed commit does.
