@@ -33,14 +33,15 @@ apt_install() {
 # System packages: fuse3 (fusermount3, /etc/fuse.conf), a C toolchain for crates that
 # build C, curl and CA certificates for rustup, and what rdma-sys (the verbs backend,
 # built by default) needs: pkg-config, the libibverbs and librdmacm headers, and
-# libclang for its bindings; git and sqlite3 for the real-program tests; fio for the
+# libclang for its bindings; git and sqlite3 for the real-program tests; stress-ng
+# for its filesystem stressors (tests/tests/stress_ng.rs); fio for the
 # replication tests (crc32c-verified writes through memnode losses); systemd for
 # systemd-analyze (the mount helper tests verify the installed unit files) and
 # procps for ps (they check that a token stays out of it).
 install_system_packages() {
     apt_install fuse3 pkg-config build-essential ca-certificates curl \
         libibverbs-dev librdmacm-dev libclang-dev clang \
-        git sqlite3 tar fio acl systemd procps
+        git sqlite3 stress-ng tar fio acl systemd procps
 }
 
 # What the Soft-RoCE VM stage (scripts/softroce) needs on the host: qemu, the guest's
