@@ -551,7 +551,7 @@ fn a_volume_whose_memory_filled_up_still_commits_its_deletes_and_gets_the_space_
     fs.write(keep, 0, &kept).unwrap();
     fs.fsync_durable(keep).unwrap();
     let volume = fs.volume.clone().expect("on a volume");
-    // A checkpoint after the mount's: the mount's chunks become the spares.
+    // One more checkpoint, so the spares have been written into once already.
     volume.want_checkpoint();
     fs.flush_all().unwrap();
     let (big, filled) = fill(&fs, "big");
