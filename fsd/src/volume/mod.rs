@@ -133,9 +133,8 @@ struct Spare {
 }
 
 /// Bytes of the chunk a checkpoint of `len` bytes is written to: half again (at
-/// least 1 MiB more), so later checkpoints fit the same chunk as the namespace grows,
-/// in whole MiB, so a chunk given back (a spare at unmount) is the size the next
-/// mount asks for unless the namespace grew past a MiB boundary meanwhile.
+/// least 1 MiB more), in whole MiB, so the checkpoints after it fit the same chunk
+/// (it comes back as a spare) while the namespace grows.
 pub fn checkpoint_room(len: u64) -> u64 {
     len.saturating_add((len / 2).max(1 << 20))
         .div_ceil(1 << 20)
