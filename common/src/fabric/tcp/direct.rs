@@ -116,9 +116,16 @@ pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> 
 /// ran at about a third of its speed without polling.
 ///
 /// A side also stops polling for [`QUIET`] when its pollers' yields keep giving
-/// the CPU away for a time slice: the CPUs are busy (see [`poll_readable`]).
+/// the CPU away for a time slice: the CPUs are busy (see [`poll_readable`]); and a
+/// memnode's side for [`CROWDED`] when requests come on several connections at once
+/// (see [`PollSlots::request_on`]).
 pub struct PollSlots {
     busy: AtomicUsize,
+    /// The connection the last request of this side came on (0: none yet), and
+    /// until when (on [`clock`]) requests are seen coming on several at once; see
+    /// [`PollSlots::request_on`].
+    last_conn: AtomicU64,
+    crowded_until: AtomicU64,
     /// Until when (nanoseconds on [`clock`]) no thread of this side polls.
     quiet_until: AtomicU64,
     /// When (on [`clock`]) a poller of this side last had a long yield.
@@ -131,6 +138,11 @@ pub struct PollSlots {
 pub const LONG_YIELD: Duration = Duration::from_micros(200);
 /// How long a side sleeps at once, without polling, once its CPUs are seen busy.
 pub const QUIET: Duration = Duration::from_millis(50);
+/// How long a side stays crowded (not polling) after requests came on two
+/// connections in a row (see [`PollSlots::request_on`]): longer than the gap between
+/// one client's requests, short enough that a lone background request (fsd's
+/// scrubber on a second connection) costs a lone reader little polling.
+pub const CROWDED: Duration = Duration::from_micros(200);
 /// Two long yields this close make a side quiet: one alone may be chance (a
 /// kernel thread, a burst of work), two mean the CPUs stay busy.
 pub const LONG_YIELDS_WINDOW: Duration = Duration::from_millis(10);
@@ -139,13 +151,39 @@ impl PollSlots {
     pub const fn new() -> PollSlots {
         PollSlots {
             busy: AtomicUsize::new(0),
+            last_conn: AtomicU64::new(0),
+            crowded_until: AtomicU64::new(0),
             quiet_until: AtomicU64::new(0),
             last_long_yield: AtomicU64::new(0),
         }
     }
 
+    /// True while this side does not poll: quiet, or crowded.
     fn quiet(&self) -> bool {
-        self.quiet_at(clock())
+        let now = clock();
+        self.quiet_at(now) || now < self.crowded_until.load(Ordering::Relaxed)
+    }
+
+    /// Notes a request on connection `conn` (non-zero): one that follows a request
+    /// on another connection makes this side crowded for [`CROWDED`], and a crowded
+    /// side does not poll.
+    ///
+    /// Why: polling pays where one client waits on one connection, each request
+    /// sent as soon as the last was answered (a memnode thread that polls served one
+    /// fio job's random 4 KiB reads through fsd 1.6x faster than one that slept).
+    /// Where requests come on several connections at once they come often enough
+    /// that threads overlap their wakeups, and polling gained nothing (4 jobs: 43-49k
+    /// either way) but could cost much: a poller's yield gives its CPU only to
+    /// threads of its own scheduling group, so a memnode in a session or cgroup of
+    /// its own (as services and the bench run it) kept a CPU spinning while fsd's and
+    /// fio's threads queued on the other (4 jobs: 28-34k, against 44-46k with the
+    /// memnode not polling).
+    pub fn request_on(&self, conn: u64) {
+        let last = self.last_conn.swap(conn, Ordering::Relaxed);
+        if last != 0 && last != conn {
+            let until = clock().saturating_add(CROWDED.as_nanos() as u64);
+            self.crowded_until.fetch_max(until, Ordering::Relaxed);
+        }
     }
 
     fn quiet_at(&self, now: u64) -> bool {
@@ -257,6 +295,9 @@ pub fn poll_readable(fd: BorrowedFd<'_>, budget: Duration, slots: &PollSlots) ->
             slots.long_yield_at(clock());
             return false;
         }
+        if slots.quiet() {
+            return false;
+        }
     }
 }
 
@@ -316,6 +357,27 @@ mod tests {
         assert!(wait_readable(b.as_fd(), Duration::from_secs(5)).unwrap());
         assert_eq!(recv().unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
         assert_eq!(&buf[..3], b"xyz");
+    }
+
+    #[test]
+    fn requests_on_two_connections_stop_polling_for_a_while() {
+        let slots = PollSlots::new();
+        let (mut a, b) = pair();
+        a.write_all(b"x").unwrap();
+        assert!(wait_readable(b.as_fd(), Duration::from_secs(5)).unwrap());
+        slots.request_on(7);
+        slots.request_on(7);
+        assert!(!slots.quiet(), "requests on one connection do not crowd");
+        assert!(poll_readable(b.as_fd(), Duration::from_secs(5), &slots));
+        slots.request_on(8);
+        assert!(slots.quiet(), "a request on a second connection crowds");
+        assert!(
+            !poll_readable(b.as_fd(), Duration::from_secs(5), &slots),
+            "a crowded side does not poll, even for data that is there"
+        );
+        std::thread::sleep(CROWDED * 2);
+        assert!(!slots.quiet(), "crowding ends after CROWDED");
+        assert!(poll_readable(b.as_fd(), Duration::from_secs(5), &slots));
     }
 
     #[test]

@@ -449,6 +449,7 @@ fn serve(stream: TcpStream, conn: &mut ConnectionState, s: &Services) -> Result<
         if !r.next_frame()? {
             return Ok(());
         }
+        POLLERS.request_on(conn.conn_id);
         r.rest(&mut header, "request header")?;
         let h = RequestHeader::decode(&header).ok_or("bad magic: not an rmemfs client")?;
         let len = h.len as usize;
