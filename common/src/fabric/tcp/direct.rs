@@ -116,15 +116,18 @@ pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> 
 /// ran at about a third of its speed without polling.
 ///
 /// A side also stops polling for [`QUIET`] when its pollers' yields keep giving
-/// the CPU away for a time slice: the CPUs are busy (see [`poll_readable`]); and a
-/// memnode's side for [`CROWDED`] when requests come on several connections at once
-/// (see [`PollSlots::request_on`]).
+/// the CPU away for a time slice: the CPUs are busy (see [`poll_readable`]); and
+/// for [`CROWDED`] when its requests keep changing connection (see
+/// [`PollSlots::request_on`]).
 pub struct PollSlots {
     busy: AtomicUsize,
-    /// The connection the last request of this side came on (0: none yet), and
-    /// until when (on [`clock`]) requests are seen coming on several at once; see
-    /// [`PollSlots::request_on`].
+    /// The connection the last request of this side came on (0: none yet); when
+    /// (on [`clock`]) the current window of [`CROWD_WINDOW`] began and how many
+    /// times requests changed connection in it; until when this side is crowded.
+    /// See [`PollSlots::request_on`].
     last_conn: AtomicU64,
+    window_start: AtomicU64,
+    switches: AtomicUsize,
     crowded_until: AtomicU64,
     /// Until when (nanoseconds on [`clock`]) no thread of this side polls.
     quiet_until: AtomicU64,
@@ -138,11 +141,14 @@ pub struct PollSlots {
 pub const LONG_YIELD: Duration = Duration::from_micros(200);
 /// How long a side sleeps at once, without polling, once its CPUs are seen busy.
 pub const QUIET: Duration = Duration::from_millis(50);
-/// How long a side stays crowded (not polling) after requests came on two
-/// connections in a row (see [`PollSlots::request_on`]): longer than the gap between
-/// one client's requests, short enough that a lone background request (fsd's
-/// scrubber on a second connection) costs a lone reader little polling.
-pub const CROWDED: Duration = Duration::from_micros(200);
+/// Requests that change connection this often ([`CROWD_SWITCHES`] within
+/// [`CROWD_WINDOW`], 8,000 a second) make a side crowded for [`CROWDED`] (see
+/// [`PollSlots::request_on`]): four fio jobs through fsd change connection tens of
+/// thousands of times a second, a reader beside idle mounts' scrubbers a few
+/// thousand times at most.
+pub const CROWD_SWITCHES: usize = 8;
+pub const CROWD_WINDOW: Duration = Duration::from_millis(1);
+pub const CROWDED: Duration = Duration::from_millis(1);
 /// Two long yields this close make a side quiet: one alone may be chance (a
 /// kernel thread, a burst of work), two mean the CPUs stay busy.
 pub const LONG_YIELDS_WINDOW: Duration = Duration::from_millis(10);
@@ -152,6 +158,8 @@ impl PollSlots {
         PollSlots {
             busy: AtomicUsize::new(0),
             last_conn: AtomicU64::new(0),
+            window_start: AtomicU64::new(0),
+            switches: AtomicUsize::new(0),
             crowded_until: AtomicU64::new(0),
             quiet_until: AtomicU64::new(0),
             last_long_yield: AtomicU64::new(0),
@@ -164,9 +172,10 @@ impl PollSlots {
         self.quiet_at(now) || now < self.crowded_until.load(Ordering::Relaxed)
     }
 
-    /// Notes a request on connection `conn` (non-zero): one that follows a request
-    /// on another connection makes this side crowded for [`CROWDED`], and a crowded
-    /// side does not poll.
+    /// Notes a request on connection `conn` (non-zero). When requests change
+    /// connection [`CROWD_SWITCHES`] times within [`CROWD_WINDOW`], several clients
+    /// (or one client's several threads) are working at once, and this side is
+    /// crowded, not polling, for [`CROWDED`].
     ///
     /// Why: polling pays where one client waits on one connection, each request
     /// sent as soon as the last was answered (a memnode thread that polls served one
@@ -177,11 +186,23 @@ impl PollSlots {
     /// threads of its own scheduling group, so a memnode in a session or cgroup of
     /// its own (as services and the bench run it) kept a CPU spinning while fsd's and
     /// fio's threads queued on the other (4 jobs: 28-34k, against 44-46k with the
-    /// memnode not polling).
+    /// memnode not polling). A rate rather than any change of connection: idle
+    /// mounts' scrubbers send a few hundred requests a second each, and a lone
+    /// reader beside them keeps its polling.
     pub fn request_on(&self, conn: u64) {
         let last = self.last_conn.swap(conn, Ordering::Relaxed);
-        if last != 0 && last != conn {
-            let until = clock().saturating_add(CROWDED.as_nanos() as u64);
+        if last == 0 || last == conn {
+            return;
+        }
+        let now = clock();
+        let start = self.window_start.load(Ordering::Relaxed);
+        if now.saturating_sub(start) >= CROWD_WINDOW.as_nanos() as u64 {
+            self.window_start.store(now, Ordering::Relaxed);
+            self.switches.store(1, Ordering::Relaxed);
+            return;
+        }
+        if self.switches.fetch_add(1, Ordering::Relaxed) + 1 >= CROWD_SWITCHES {
+            let until = now.saturating_add(CROWDED.as_nanos() as u64);
             self.crowded_until.fetch_max(until, Ordering::Relaxed);
         }
     }
@@ -365,12 +386,20 @@ mod tests {
         let (mut a, b) = pair();
         a.write_all(b"x").unwrap();
         assert!(wait_readable(b.as_fd(), Duration::from_secs(5)).unwrap());
-        slots.request_on(7);
-        slots.request_on(7);
+        for _ in 0..100 {
+            slots.request_on(7);
+        }
         assert!(!slots.quiet(), "requests on one connection do not crowd");
         assert!(poll_readable(b.as_fd(), Duration::from_secs(5), &slots));
+        // A request on another connection now and then (a scrubber) does not crowd.
         slots.request_on(8);
-        assert!(slots.quiet(), "a request on a second connection crowds");
+        slots.request_on(7);
+        assert!(!slots.quiet(), "one request elsewhere does not crowd");
+        // Requests alternating between connections do, at once.
+        for k in 0..4 * CROWD_SWITCHES as u64 {
+            slots.request_on(7 + k % 2);
+        }
+        assert!(slots.quiet(), "requests on two connections at once crowd");
         assert!(
             !poll_readable(b.as_fd(), Duration::from_secs(5), &slots),
             "a crowded side does not poll, even for data that is there"
