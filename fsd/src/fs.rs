@@ -238,7 +238,11 @@ impl RmemFs {
         match &self.volume {
             Some(v) => v.commit(&self.ns).map_err(|e| {
                 log::error!("commit failed: {e}");
-                FsError::Io(e.to_string())
+                match e {
+                    // Neither a checkpoint nor the log has room: ENOSPC, as on a full disk.
+                    crate::volume::VolumeError::NoRoom(_) => FsError::NoSpace,
+                    e => FsError::Io(e.to_string()),
+                }
             }),
             None => Ok(()),
         }

@@ -35,6 +35,10 @@ pub enum VolumeError {
     Remote(#[from] RemoteError),
     #[error("{0}")]
     NoCopy(String),
+    /// No memnode has room for the next checkpoint; nothing was taken for it, so
+    /// the current generation's log can still take the changes.
+    #[error("{0}")]
+    NoRoom(String),
 }
 
 /// A volume's metadata as read back.
@@ -53,12 +57,17 @@ pub struct Loaded {
     pub lost_blocks: usize,
     /// Member slot -> node index.
     pub slots: HashMap<u16, usize>,
+    /// The memnode id of each member slot of the loaded generation (0: none).
+    pub member_ids: Vec<u64>,
     /// Per node index: the volume's chunks (root excluded), by address.
     pub chunks: Vec<BTreeMap<u64, Allocation>>,
     /// Chunks holding the loaded generation's metadata (node, chunk).
     pub metadata: Vec<(usize, Allocation)>,
     /// The loaded generation's copies: (node, checkpoint chunk, log chunk).
     pub current: Vec<(usize, Allocation, Allocation)>,
+    /// Per node whose copy of the loaded generation replays in full (to
+    /// `next_seq`): where its log's next entry goes (see [`Loaded::log_tail`]).
+    pub log_ends: Vec<(usize, u64)>,
     /// The previous generation's chunks, which the older superblock slot names and
     /// nothing else uses: the spares of the next checkpoint (node, checkpoint chunk,
     /// log chunk).
@@ -240,13 +249,15 @@ pub fn load(remote: &RemoteStore, volume: &str) -> Result<Option<Loaded>, Volume
     }
     // Every copy of the newest generation, best first.
     let mut best: Option<(usize, Image, u64, usize)> = None;
+    let mut replayed = Vec::new();
     let mut problems = damaged_supers;
     for (node, sb) in supers.iter().filter(|(_, s)| s.generation == newest) {
         let (Some((ck, ck_crc)), Some(log)) = (sb.checkpoint, sb.log) else {
             continue;
         };
         match read_copy(remote, *node, ck, ck_crc, log, sb) {
-            Ok((image, next_seq, entries)) => {
+            Ok((image, next_seq, entries, end)) => {
+                replayed.push((*node, next_seq, end));
                 if best.as_ref().is_none_or(|b| next_seq > b.2) {
                     best = Some((*node, image, next_seq, entries));
                 }
@@ -320,9 +331,15 @@ pub fn load(remote: &RemoteStore, volume: &str) -> Result<Option<Loaded>, Volume
         orphans,
         lost_blocks: 0,
         slots,
+        member_ids: head.members.clone(),
         chunks,
         metadata,
         current,
+        log_ends: replayed
+            .into_iter()
+            .filter(|&(_, seq, _)| seq == next_seq)
+            .map(|(node, _, end)| (node, end))
+            .collect(),
         spares: Vec::new(),
         copies,
     };
@@ -344,8 +361,8 @@ fn metadata_chunks(
     (ck.addr != log.addr).then_some((ck, log))
 }
 
-/// One memnode's checkpoint and log, replayed: the image, the next sequence number
-/// and how many log entries were applied.
+/// One memnode's checkpoint and log, replayed: the image, the next sequence number,
+/// how many log entries were applied and the offset in the log just past them.
 fn read_copy(
     remote: &RemoteStore,
     node: usize,
@@ -353,7 +370,7 @@ fn read_copy(
     ck_crc: u32,
     log: Area,
     sb: &Superblock,
-) -> Result<(Image, u64, usize), String> {
+) -> Result<(Image, u64, usize, u64), String> {
     let read = |area: Area, what: &str| -> Result<Vec<u8>, String> {
         // The rkey is the chunk's: find it among the volume's chunks. (A superblock
         // names the area; inside a chunk, its length is bounded by the memnode's.)
@@ -413,7 +430,12 @@ fn read_copy(
             image.apply(r);
         }
     }
-    Ok((image, sb.first_seq + entries as u64, entries))
+    Ok((
+        image,
+        sb.first_seq + entries as u64,
+        entries,
+        scan.end as u64,
+    ))
 }
 
 impl Loaded {

@@ -63,6 +63,23 @@
 //! memnode may still hold it). The price is a second log of [`LOG_BYTES`] and
 //! checkpoint area per metadata copy, for as long as the volume exists.
 //!
+//! # When no checkpoint fits
+//!
+//! The checkpoint grows with what the volume holds (a record per block), so one that
+//! outgrew its spare needs a larger chunk, which a memnode full of data cannot give.
+//! Two things keep that from wedging the volume:
+//! - before a checkpoint takes anything from the journal, it makes sure it has
+//!   somewhere to go: spares large enough for the checkpoint's bound (the last
+//!   checkpoint plus the log since, or what a checkpoint that failed needed), grown
+//!   while the memnodes have room. A commit grows a spare that the bound has
+//!   outgrown, so the room grows with the log while data still leaves some;
+//! - when no memnode has room, nothing was taken: the current generation's log
+//!   takes the changes instead, for as long as it has room and every copy of it is
+//!   whole. A mount that finds no room for its checkpoint goes on with the loaded
+//!   generation's log the same way, so a volume that filled up mounts again and its
+//!   deletes become durable (then their space comes back, and the next checkpoint
+//!   finds room).
+//!
 //! # Page sums in the log
 //!
 //! A block record carries the crc32c of each page of its copies that fsd knows
@@ -158,6 +175,15 @@ struct State {
     /// The volume was read in an older format: the next checkpoint's superblock goes
     /// to both slots.
     upgrade: bool,
+    /// Bytes of this generation's checkpoint.
+    checkpoint_len: u64,
+    /// Bytes the last checkpoint that found no room needed (0: none failed).
+    checkpoint_wanted: u64,
+    /// Every copy in `copies` holds every log entry up to `tail`, so the log can
+    /// take more while no checkpoint finds room (see "When no checkpoint fits").
+    log_whole: bool,
+    /// Commits go to the log because no checkpoint found room (said once).
+    no_room: bool,
 }
 
 pub struct Volume {
@@ -300,6 +326,11 @@ impl Volume {
         let mut upgrade = false;
         let mut loaded_copies = Vec::new();
         let mut loaded_spares = Vec::new();
+        // Copies whose log replays in full (node, end) and whether this generation's
+        // member slots are the nodes as numbered now (see `continue_loaded`).
+        let mut loaded_ends = Vec::new();
+        let mut same_members = false;
+        let (mut loaded_tail, mut loaded_checkpoint_len) = (0, 0);
         let (ns, volume_id, generation, next_seq, old) = match loaded {
             None if remote.nodes_up() < remote.node_count() => {
                 // The memnodes that answered hold no metadata of it; the ones away
@@ -326,6 +357,18 @@ impl Volume {
                 let old = l.metadata.clone();
                 loaded_copies = l.current.clone();
                 loaded_spares = l.spares.clone();
+                loaded_ends = l.log_ends.clone();
+                loaded_tail = loaded_ends.iter().map(|&(_, end)| end).max().unwrap_or(0);
+                loaded_checkpoint_len = l
+                    .copies
+                    .iter()
+                    .filter_map(|c| c.checkpoint.map(|a| a.len))
+                    .max()
+                    .unwrap_or(0);
+                same_members = (0..remote.node_count().max(l.member_ids.len())).all(|i| {
+                    let now = remote.node_identity(i).map_or(0, |(_, id)| id);
+                    now == l.member_ids.get(i).copied().unwrap_or(0)
+                });
                 let (generation, next_seq, volume_id) = (l.generation, l.next_seq, l.volume_id);
                 if l.version < format::FORMAT_VERSION {
                     log::info!(
@@ -351,9 +394,13 @@ impl Volume {
                 members: Vec::new(),
                 copies: Vec::new(),
                 spares: Vec::new(),
-                tail: 0,
+                tail: loaded_tail,
                 need_checkpoint: true,
                 upgrade,
+                checkpoint_len: loaded_checkpoint_len,
+                checkpoint_wanted: 0,
+                log_whole: false,
+                no_room: false,
             }),
             closed: Default::default(),
         });
@@ -385,7 +432,12 @@ impl Volume {
                     })
                 })
                 .collect();
-            volume.checkpoint_locked(&mut st, &ns, Vec::new())?;
+            match volume.checkpoint_locked(&mut st, &ns, Vec::new()) {
+                Err(VolumeError::NoRoom(why)) if !upgrade && same_members => {
+                    volume.continue_loaded(&mut st, &loaded_ends, why)?;
+                }
+                r => r?,
+            }
             if report.created {
                 // A second one, so the first one's chunks are spares at once.
                 volume.checkpoint_locked(&mut st, &ns, Vec::new())?;
@@ -432,8 +484,44 @@ impl Volume {
         let mut st = lock(&self.state);
         let frees = self.journal.take_frees();
         if st.need_checkpoint || self.membership_changed(&st) {
-            return self.checkpoint_locked(&mut st, ns, frees);
+            return self.checkpoint_or_log(&mut st, ns, frees);
         }
+        self.log_changes(&mut st, ns, frees)
+    }
+
+    /// A checkpoint; when no memnode has room for one, the changes go to the log
+    /// instead, if it can take them (see "When no checkpoint fits").
+    fn checkpoint_or_log(
+        &self,
+        st: &mut State,
+        ns: &Namespace,
+        frees: Vec<BlockLoc>,
+    ) -> Result<(), VolumeError> {
+        match self.checkpoint_locked(st, ns, frees) {
+            Err(VolumeError::NoRoom(why)) if st.log_whole && !self.membership_changed(st) => {
+                if !std::mem::replace(&mut st.no_room, true) {
+                    log::warn!(
+                        "volume {}: {why}; the log takes the changes until a checkpoint \
+                         finds room",
+                        self.name
+                    );
+                }
+                // The checkpoint gave the frees back untouched.
+                let frees = self.journal.take_frees();
+                self.log_changes(st, ns, frees)
+            }
+            r => r,
+        }
+    }
+
+    /// Appends what changed since the last commit to the log (a checkpoint instead
+    /// when the log is full), then gives back the blocks it recorded free.
+    fn log_changes(
+        &self,
+        st: &mut State,
+        ns: &Namespace,
+        frees: Vec<BlockLoc>,
+    ) -> Result<(), VolumeError> {
         let members = st.members.clone();
         let (entries, dirty) = ns.commit_records(|| self.journal.take(), &|ino, idx, e, sums| {
             encode_block(&members, ino, idx, e, sums)
@@ -454,13 +542,14 @@ impl Volume {
         }
         if st.tail + bytes.len() as u64 > LOG_BYTES - STALE_RESERVE {
             // The log is full: the checkpoint covers what these entries say.
-            return self.checkpoint_locked(&mut st, ns, frees);
+            return self.checkpoint_locked(st, ns, frees);
         }
-        if let Err(e) = self.append_locked(&mut st, &bytes, seq) {
+        if let Err(e) = self.append_locked(st, &bytes, seq) {
             self.journal.return_frees(frees);
             return Err(e);
         }
-        drop(st);
+        // Room for the next checkpoint grows with the log, while there is room.
+        let _ = self.make_room(st, &members, false);
         self.remote.free_blocks(frees);
         Ok(())
     }
@@ -473,11 +562,14 @@ impl Volume {
         let records: Vec<Record> = inos.iter().map(|&ino| Record::SumsStale { ino }).collect();
         let mut st = lock(&self.state);
         let bytes = encode_entry(st.next_seq, &encode_records(&records));
-        if st.need_checkpoint
-            || self.membership_changed(&st)
-            || st.tail + bytes.len() as u64 > LOG_BYTES
-        {
+        if st.tail + bytes.len() as u64 > LOG_BYTES {
             return self.checkpoint_locked(&mut st, ns, Vec::new());
+        }
+        if st.need_checkpoint || self.membership_changed(&st) {
+            match self.checkpoint_locked(&mut st, ns, Vec::new()) {
+                Err(VolumeError::NoRoom(_)) if st.log_whole && !self.membership_changed(&st) => {}
+                r => return r,
+            }
         }
         let seq = st.next_seq + 1;
         self.append_locked(&mut st, &bytes, seq)
@@ -518,6 +610,10 @@ impl Volume {
                 }
             }
         }
+        if written < st.copies.len() {
+            // A copy missed this entry: the log can take no more until a checkpoint.
+            st.log_whole = false;
+        }
         if written == 0 {
             // Nothing durable: the next commit writes everything as a checkpoint.
             st.need_checkpoint = true;
@@ -547,10 +643,23 @@ impl Volume {
         ns: &Namespace,
         mut frees: Vec<BlockLoc>,
     ) -> Result<(), VolumeError> {
-        frees.extend(self.journal.take_frees());
         let nodes = self.remote.node_count();
         let members: Vec<Option<(u32, u64)>> =
             (0..nodes).map(|i| self.remote.node_identity(i)).collect();
+        // Spares whose memnode is on another link now carry dead rkeys.
+        let (fresh, stale): (Vec<Spare>, Vec<Spare>) = std::mem::take(&mut st.spares)
+            .into_iter()
+            .partition(|s| members.get(s.copy.node).copied().flatten() == Some(s.link));
+        st.spares = fresh;
+        for s in stale {
+            self.free_copy(s.copy, false);
+        }
+        // Nothing is taken from the journal before the checkpoint has somewhere to go.
+        if let Err(e) = self.make_room(st, &members, true) {
+            self.journal.return_frees(frees);
+            return Err(e);
+        }
+        frees.extend(self.journal.take_frees());
         let bs = self.remote.block_size();
         let records = ns.checkpoint_records(
             || {
@@ -561,13 +670,7 @@ impl Volume {
         let generation = st.generation + 1;
         let checkpoint = encode_checkpoint(generation, &encode_records(&records));
         let want = self.remote.replicas().max(1);
-        // Spares whose memnode is on another link now carry dead rkeys.
-        let (mut spares, stale): (Vec<Spare>, Vec<Spare>) = std::mem::take(&mut st.spares)
-            .into_iter()
-            .partition(|s| members.get(s.copy.node).copied().flatten() == Some(s.link));
-        for s in stale {
-            self.free_copy(s.copy, false);
-        }
+        let mut spares = std::mem::take(&mut st.spares);
         let mut copies = Vec::new();
         for node in (0..nodes).filter(|&i| members[i].is_some()) {
             if copies.len() == want {
@@ -590,6 +693,9 @@ impl Volume {
         if copies.is_empty() {
             st.spares = spares;
             st.need_checkpoint = true;
+            // The journal was taken for it: the log no longer says everything.
+            st.log_whole = false;
+            st.checkpoint_wanted = checkpoint.len() as u64;
             self.journal.return_frees(frees);
             return Err(VolumeError::NoCopy(format!(
                 "no memnode took a checkpoint of volume {}",
@@ -661,6 +767,7 @@ impl Volume {
         if durable.is_empty() {
             st.spares = spares;
             st.need_checkpoint = true;
+            st.log_whole = false;
             self.journal.return_frees(frees);
             return Err(VolumeError::NoCopy(format!(
                 "no memnode took the superblock of volume {}",
@@ -693,6 +800,12 @@ impl Volume {
         st.members = members;
         st.tail = 0;
         st.upgrade = false;
+        st.checkpoint_len = checkpoint.len() as u64;
+        st.checkpoint_wanted = 0;
+        st.log_whole = true;
+        if std::mem::take(&mut st.no_room) {
+            log::info!("volume {}: a checkpoint found room again", self.name);
+        }
         st.need_checkpoint = st.copies.len() < want.min(self.remote.nodes_up());
         self.remote.free_blocks(frees);
         Ok(())
@@ -713,11 +826,7 @@ impl Volume {
         let fits = reused.filter(|c| c.checkpoint.len >= len);
         let ck = match fits {
             Some(c) => c.checkpoint,
-            // Room to grow if the memnode has it, else just what this one needs.
-            None => match self.remote.alloc_chunk(node, checkpoint_room(len)) {
-                Err(RemoteError::NoSpace) => self.remote.alloc_chunk(node, len.max(1))?,
-                r => r?,
-            },
+            None => self.checkpoint_chunk(node, len)?,
         };
         let log = match reused {
             Some(c) => c.log,
@@ -757,6 +866,112 @@ impl Volume {
         })
     }
 
+    /// A chunk for a checkpoint of `len` bytes on `node`: with room to grow if the
+    /// memnode has it, else just what this one needs.
+    fn checkpoint_chunk(&self, node: usize, len: u64) -> Result<Allocation, RemoteError> {
+        match self.remote.alloc_chunk(node, checkpoint_room(len)) {
+            Err(RemoteError::NoSpace) => self.remote.alloc_chunk(node, len.max(1)),
+            r => r,
+        }
+    }
+
+    /// Makes sure the next checkpoint has somewhere to go before anything is taken
+    /// for it: on each memnode it would go to, a spare whose checkpoint chunk holds
+    /// the checkpoint's bound (grown when it does not; with `create`, a new spare
+    /// where there is none). `NoRoom` when no memnode has it and one said it is
+    /// full; other failures are the checkpoint's to find and report.
+    fn make_room(
+        &self,
+        st: &mut State,
+        members: &[Option<(u32, u64)>],
+        create: bool,
+    ) -> Result<(), VolumeError> {
+        // A checkpoint holds at most the last one and what the log added since.
+        let need = (st.checkpoint_len + st.tail)
+            .max(st.checkpoint_wanted)
+            .max(1);
+        let want = self.remote.replicas().max(1);
+        let (mut ready, mut full) = (0, false);
+        for (node, link) in members.iter().enumerate() {
+            let Some(link) = *link else { continue };
+            if ready == want {
+                break;
+            }
+            let spare = st
+                .spares
+                .iter()
+                .position(|s| s.copy.node == node && s.link == link);
+            let made = match spare {
+                Some(k) if st.spares[k].copy.checkpoint.len >= need => Ok(()),
+                Some(k) => self.checkpoint_chunk(node, need).map(|ck| {
+                    let old = std::mem::replace(&mut st.spares[k].copy.checkpoint, ck);
+                    self.remote.free_chunk_of(node, old);
+                }),
+                None if !create => continue,
+                None => self.new_copy(node, need).map(|copy| {
+                    st.spares.push(Spare { copy, link });
+                }),
+            };
+            match made {
+                Ok(()) => ready += 1,
+                Err(RemoteError::NoSpace) => full = true,
+                Err(_) => {}
+            }
+        }
+        if ready == 0 && full {
+            return Err(VolumeError::NoRoom(format!(
+                "no memnode has room for a checkpoint of volume {} ({})",
+                self.name,
+                format_size(need)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Fresh chunks for a checkpoint of `len` bytes and a log on `node`.
+    fn new_copy(&self, node: usize, len: u64) -> Result<MetaCopy, RemoteError> {
+        let checkpoint = self.checkpoint_chunk(node, len)?;
+        match self.remote.alloc_chunk(node, LOG_BYTES) {
+            Ok(log) => Ok(MetaCopy {
+                node,
+                checkpoint,
+                log,
+            }),
+            Err(e) => {
+                self.remote.free_chunk_of(node, checkpoint);
+                Err(e)
+            }
+        }
+    }
+
+    /// At mount, when no memnode has room for the mount's checkpoint: goes on with
+    /// the loaded generation, appending to its log where it ends, on the copies
+    /// (every one must replay its log in full to the same end; `ends`: node, end).
+    /// The next commit tries a checkpoint again. `NoRoom` when it cannot go on.
+    fn continue_loaded(
+        &self,
+        st: &mut State,
+        ends: &[(usize, u64)],
+        why: String,
+    ) -> Result<(), VolumeError> {
+        let tail = ends.iter().map(|&(_, end)| end).max().unwrap_or(0);
+        let whole = |c: &MetaCopy| ends.iter().any(|&(n, end)| n == c.node && end == tail);
+        if st.copies.is_empty() || !st.copies.iter().all(whole) || tail >= LOG_BYTES {
+            return Err(VolumeError::NoRoom(why));
+        }
+        log::warn!(
+            "volume {}: {why}; it goes on with generation {} and its log until a \
+             checkpoint finds room (free space: delete files)",
+            self.name,
+            st.generation
+        );
+        st.tail = tail;
+        st.log_whole = true;
+        st.need_checkpoint = true;
+        st.no_room = true;
+        Ok(())
+    }
+
     /// Gives a copy's chunks back: on the link they were allocated on (`same_link`),
     /// or by address on the memnode's current link (their rkeys are of an older one).
     fn free_copy(&self, c: MetaCopy, same_link: bool) {
@@ -774,7 +989,7 @@ impl Volume {
     /// checkpoint there.
     pub fn checkpoint(&self, ns: &Namespace) -> Result<(), VolumeError> {
         let mut st = lock(&self.state);
-        self.checkpoint_locked(&mut st, ns, Vec::new())
+        self.checkpoint_or_log(&mut st, ns, Vec::new())
     }
 
     /// Makes the next commit a checkpoint, as a full log or a failed commit does.

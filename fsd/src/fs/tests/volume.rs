@@ -11,9 +11,13 @@ use crate::volume::Volume;
 use std::collections::BTreeMap;
 
 fn memnode() -> memnode::Memnode {
+    memnode_of(64 << 20)
+}
+
+fn memnode_of(size: u64) -> memnode::Memnode {
     memnode::Memnode::start(memnode::MemnodeConfig {
         listen: "127.0.0.1:0".into(),
-        size: 64 << 20,
+        size,
         token: None,
         huge_pages: false,
         transport: rmemfs_common::fabric::Transport::Tcp,
@@ -69,9 +73,13 @@ fn try_store(
 }
 
 fn mount(node: &memnode::Memnode) -> RmemFs {
+    mount_reporting(node).0
+}
+
+fn mount_reporting(node: &memnode::Memnode) -> (RmemFs, crate::volume::MountReport) {
     let remote = store(node, true);
-    let (volume, ns, _) = Volume::mount("vol", remote.clone(), (0, 0)).expect("volume mounts");
-    RmemFs::on_volume(remote, 16 * BS, ns, volume)
+    let (volume, ns, report) = Volume::mount("vol", remote.clone(), (0, 0)).expect("volume mounts");
+    (RmemFs::on_volume(remote, 16 * BS, ns, volume), report)
 }
 
 /// What `fsck` says of the volume (not mounted): (inconsistencies, leaked chunks).
@@ -529,11 +537,20 @@ fn a_version_1_volume_mounts_and_is_rewritten_as_version_2_in_both_slots() {
 /// Writes `name` in 256 KiB pieces, each written back, until remote memory is full
 /// (the write or its write-back fails with ENOSPC): the bytes that made it.
 fn fill(fs: &RmemFs, name: &str) -> (Ino, u64) {
+    fill_committing(fs, name, false)
+}
+
+/// [`fill`], each piece also committed when `commit`.
+fn fill_committing(fs: &RmemFs, name: &str, commit: bool) -> (Ino, u64) {
     let ino = new_file(fs, name);
     let piece = pattern(64 * BS as usize, 9);
     let mut at = 0;
     loop {
-        match fs.write(ino, at, &piece).and_then(|_| fs.fsync(ino)) {
+        let synced = fs.write(ino, at, &piece).and_then(|_| match commit {
+            true => fs.fsync_durable(ino),
+            false => fs.fsync(ino),
+        });
+        match synced {
             Ok(()) => at += piece.len() as u64,
             Err(FsError::NoSpace) => return (ino, at),
             Err(e) => panic!("filling {name}: {e}"),
@@ -599,4 +616,58 @@ fn on_a_full_volume_a_write_right_after_a_delete_gets_the_deleted_files_space() 
     fs.shutdown();
     drop(fs);
     assert_eq!(check(&node), (vec![], 0));
+}
+
+/// Fills a 256 MiB memnode with one file of 4 KiB blocks: its checkpoint (a record
+/// per block) outgrows the room the first checkpoints were given. The volume must
+/// still unmount with everything durable, mount again, commit the file's delete and
+/// give its space back. With `commit`, every piece is committed as it is written.
+fn a_volume_whose_checkpoint_outgrew_its_room_in_full_memory(commit: bool) -> usize {
+    let node = memnode_of(256 << 20);
+    let fs = mount(&node);
+    let (_, filled) = fill_committing(&fs, "big", commit);
+    assert!(filled > 128 << 20, "only {filled} bytes before ENOSPC");
+    fs.shutdown();
+    drop(fs);
+    let (fs, report) = mount_reporting(&node);
+    let big = lookup(&fs, "big").expect("the full volume mounts with its file");
+    assert_eq!(fs.getattr(big).unwrap().size, filled);
+    let piece = pattern(64 * BS as usize, 9);
+    let last = filled - piece.len() as u64;
+    assert_eq!(fs.read(big, last, piece.len() as u32).unwrap(), piece);
+    fs.unlink(ROOT_INO, "big".as_ref()).unwrap();
+    fs.flush_all()
+        .expect("the delete commits with remote memory full");
+    let (_, again) = fill(&fs, "again");
+    assert!(
+        again + (16 << 20) >= filled,
+        "the space of the deleted file came back: {again} bytes now, {filled} before"
+    );
+    fs.shutdown();
+    drop(fs);
+    let fs = mount(&node);
+    assert_eq!(lookup(&fs, "big"), None);
+    let again_ino = lookup(&fs, "again").expect("again is kept");
+    assert_eq!(fs.getattr(again_ino).unwrap().size, again);
+    fs.unlink(ROOT_INO, "again".as_ref()).unwrap();
+    fs.shutdown();
+    drop(fs);
+    assert_eq!(check(&node), (vec![], 0), "clean, nothing leaked");
+    report.log_entries
+}
+
+#[test]
+fn a_full_volume_whose_checkpoint_has_no_room_goes_on_with_its_log_and_mounts_again() {
+    // Nothing committed while filling: the unmount's checkpoint finds no room for
+    // the file's block records, so the log keeps them and the mount replays it.
+    let replayed = a_volume_whose_checkpoint_outgrew_its_room_in_full_memory(false);
+    assert!(replayed > 0, "the mount replayed the log the unmount left");
+}
+
+#[test]
+fn commits_grow_the_room_for_the_next_checkpoint_while_memory_lasts() {
+    // Each piece committed: the spares grow with the log, so the unmount's
+    // checkpoint fits and the mount has no log to replay.
+    let replayed = a_volume_whose_checkpoint_outgrew_its_room_in_full_memory(true);
+    assert_eq!(replayed, 0, "the unmount's checkpoint found room");
 }
