@@ -10,7 +10,10 @@
 //!
 //! Directory entries carry a cookie, allocated once per entry and never reused within
 //! the directory, that serves as the readdir offset: a listing that continues after
-//! entries were removed or added neither skips nor repeats the others.
+//! entries were removed or added neither skips nor repeats the others. An entry
+//! renamed within its directory, or replacing another, takes over a cookie it
+//! already had (its own, or the replaced one's), so renames under way cannot make a
+//! listing go on forever.
 
 use crate::error::{FsError, FsResult};
 use crate::inode::{Attr, FileKind, Ino, Inode, ROOT_INO};
@@ -466,6 +469,11 @@ impl Namespace {
             replaced = Some(dst_inode);
         }
         if let Some(d) = tree.get_mut(&parent) {
+            // Renamed within its directory, an entry keeps its place too: a listing
+            // that renames each entry it reads (and back) must come to an end.
+            if parent == new_parent && reused_cookie.is_none() {
+                reused_cookie = d.cookie_of(name);
+            }
             d.remove(name);
         }
         let cookie = tree

@@ -204,6 +204,34 @@ fn listing_continues_correctly_while_entries_are_removed() {
 }
 
 #[test]
+fn renaming_each_entry_read_and_back_ends_the_listing() {
+    // What xfstests generic/736 does: read one entry at a time and rename it to a
+    // temporary name and back. Were the renamed entry given a new place at the end,
+    // the listing would meet it again, forever.
+    let ns = ns();
+    let files = 200;
+    for i in 0..files {
+        ns.create(ROOT_INO, format!("{i}").as_ref(), new(FileKind::File))
+            .unwrap();
+    }
+    let (mut offset, mut listed) = (0, 0);
+    while let Some(e) = ns.readdir(ROOT_INO, offset, 1).unwrap().into_iter().next() {
+        offset = e.offset;
+        listed += 1;
+        assert!(listed <= files + 2, "the listing does not end");
+        if e.name == "." || e.name == ".." {
+            continue;
+        }
+        let m = RenameMode::default();
+        ns.rename(ROOT_INO, &e.name, ROOT_INO, "TEMPFILE".as_ref(), m)
+            .unwrap();
+        ns.rename(ROOT_INO, "TEMPFILE".as_ref(), ROOT_INO, &e.name, m)
+            .unwrap();
+    }
+    assert_eq!(listed, files + 2, "each entry listed once, with . and ..");
+}
+
+#[test]
 fn a_name_replaced_by_rename_keeps_its_place_in_a_listing_under_way() {
     let ns = ns();
     for i in 0..50 {
