@@ -729,18 +729,19 @@ impl RmemFs {
     }
 
     /// Clears setuid/setgid of a file as `how` says, before a write or fallocate
-    /// (see `privs.rs`).
-    pub fn kill_privs(&self, ino: Ino, how: KillPrivs) -> FsResult<()> {
+    /// (see `privs.rs`); true when that changed its mode.
+    pub fn kill_privs(&self, ino: Ino, how: KillPrivs) -> FsResult<bool> {
         let inode = self.file_inode(ino)?;
         let mut m = inode.meta();
         let perm = how.perm_after(m.attr.perm, m.attr.gid);
-        if perm != m.attr.perm {
-            m.attr.perm = perm;
-            m.touch_ctime();
-            drop(m);
-            self.changed(&inode);
+        if perm == m.attr.perm {
+            return Ok(false);
         }
-        Ok(())
+        m.attr.perm = perm;
+        m.touch_ctime();
+        drop(m);
+        self.changed(&inode);
+        Ok(true)
     }
 
     /// The second half of [`RmemFs::write`]: `data` into blocks that have locations,

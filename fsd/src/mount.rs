@@ -244,8 +244,9 @@ impl<O: FuseOps> Mounted<O> {
         .context("installing signal handlers")?;
         let ring = prepare_ring(&ops, serving)?;
         let (session, mut unmounter) =
-            open_session(Classic::new(ops, ring.clone()), mountpoint, spec)
+            open_session(Classic::new(ops.clone(), ring.clone()), mountpoint, spec)
                 .with_context(|| format!("mounting on {}", mountpoint.display()))?;
+        ops.attach_notifier(session.notifier());
         if let Some(ring) = &ring {
             let fd = session
                 .as_fd()

@@ -51,6 +51,17 @@ fn mode(path: &Path) -> u32 {
         & 0o7777
 }
 
+/// The permission bits `stat -c %a` prints for `path` (octal).
+fn mode_as_stat_shows(path: &Path) -> String {
+    let out = Command::new("stat")
+        .args(["-c", "%a"])
+        .arg(path)
+        .output()
+        .expect("run stat");
+    assert!(out.status.success(), "stat {} failed", path.display());
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 /// A file at `path` with `perm` set by chmod (creation would apply the umask).
 fn file_with_mode(path: &Path, perm: u32) {
     write_small(path, b"privileged");
@@ -176,6 +187,14 @@ fn unprivileged_changes_clear_setuid_and_setgid(fsd_args: &[&str]) {
     let f = dir.join("f");
     file_with_mode(&f, 0o6777);
     sh(dir, true, "printf abc >> f");
+    // stat(1) asks statx for the mode alone, which the kernel answers from the
+    // attributes it holds unless fsd told it they changed (a write's reply carries
+    // none); exec decides on those too.
+    assert_eq!(
+        mode_as_stat_shows(&f),
+        "777",
+        "the mode right after the write, as stat -c %a shows it"
+    );
     assert_eq!(
         fs::read(&f).expect("read"),
         b"privilegedabc",

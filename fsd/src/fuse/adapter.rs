@@ -103,6 +103,8 @@ pub struct FuseAdapter {
     choices: MountChoices,
     /// How long the handlers take, by kind (`--metrics`).
     timing: Arc<FuseTiming>,
+    /// Set once mounted.
+    notifier: std::sync::OnceLock<fuser::Notifier>,
 }
 
 impl FuseAdapter {
@@ -113,7 +115,22 @@ impl FuseAdapter {
             block_size,
             choices,
             timing: Arc::default(),
+            notifier: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Clears setuid/setgid before a write, fallocate or copy into `ino`. The
+    /// replies to those carry no attributes, so when the mode changed the kernel is
+    /// told to forget the one it holds (else `stat` would show the old mode, and
+    /// exec honour it, until the attribute timeout).
+    fn kill_privs(&self, ino: u64, how: KillPrivs) -> Result<(), Errno> {
+        if mapped(self.fs.kill_privs(ino, how))? {
+            if let Some(n) = self.notifier.get() {
+                // Attributes only (offset -1). An error means the mount is going away.
+                let _ = n.inval_inode(fuser::INodeNo(ino), -1, 0);
+            }
+        }
+        Ok(())
     }
 
     /// The latency histograms of the handlers, for the metrics endpoint.
@@ -147,6 +164,10 @@ impl FuseOps for FuseAdapter {
         if self.choices.xattrs && enable_posix_acl(config) {
             self.fs.enable_posix_acl();
         }
+    }
+
+    fn attach_notifier(&self, notifier: fuser::Notifier) {
+        let _ = self.notifier.set(notifier);
     }
 
     fn destroy(&self) {
@@ -325,10 +346,7 @@ impl FuseOps for FuseAdapter {
         let _t = self.timing.start(FuseKind::Write);
         // The kernel has checked the writer's CAP_FSETID (FUSE_HANDLE_KILLPRIV_V2).
         if kill_suidgid {
-            mapped(
-                self.fs
-                    .kill_privs(ino, KillPrivs::CallerLacksFsetid(req.pid)),
-            )?;
+            self.kill_privs(ino, KillPrivs::CallerLacksFsetid(req.pid))?;
         }
         mapped(self.fs.write(ino, offset, data))
     }
@@ -455,10 +473,7 @@ impl FuseOps for FuseAdapter {
         let _t = self.timing.start(FuseKind::Modify);
         let how = allocate_mode(mode)?;
         // Like a write, whatever the mode (the kernel asks only for some of them).
-        mapped(
-            self.fs
-                .kill_privs(ino, KillPrivs::UnlessCallerHasFsetid(req.pid)),
-        )?;
+        self.kill_privs(ino, KillPrivs::UnlessCallerHasFsetid(req.pid))?;
         mapped(self.fs.fallocate(ino, offset, length, how))
     }
 
@@ -468,10 +483,7 @@ impl FuseOps for FuseAdapter {
             return Err(Errno::EINVAL);
         }
         // Like a write into the destination.
-        mapped(
-            self.fs
-                .kill_privs(c.ino_out, KillPrivs::UnlessCallerHasFsetid(req.pid)),
-        )?;
+        self.kill_privs(c.ino_out, KillPrivs::UnlessCallerHasFsetid(req.pid))?;
         let n = mapped(
             self.fs
                 .copy_range(c.ino_in, c.off_in, c.ino_out, c.off_out, c.len),

@@ -84,6 +84,8 @@ pub trait FuseOps: Send + Sync + 'static {
     fn configure(&self, config: &mut KernelConfig);
     /// The kernel let go of the filesystem (unmount): write back what is dirty.
     fn destroy(&self) {}
+    /// Once mounted: how to tell the kernel about changes it did not ask for.
+    fn attach_notifier(&self, _notifier: fuser::Notifier) {}
 
     fn lookup(&self, req: &Req, parent: u64, name: &OsStr) -> Result<FileAttr, Errno>;
     fn forget(&self, ino: u64, nlookup: u64) {}
