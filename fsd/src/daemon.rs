@@ -41,6 +41,10 @@ const PREFETCH_IDLE_WAIT: Duration = Duration::from_millis(200);
 const PREFETCH_THREADS: usize = 3;
 
 /// `--poll-us` default.
+/// How long opening a volume waits for another client to let go of it: an fsd that
+/// is unmounting it still holds it for a moment after umount(8) returns (FUSE
+/// unmounts without waiting for the daemon), so `umount && mount` must not fail.
+const VOLUME_BUSY_PATIENCE: Duration = Duration::from_secs(10);
 const DEFAULT_POLL_US: u64 = fabric::DEFAULT_POLL.as_micros() as u64;
 
 fn size_arg(s: &str) -> Result<u64, String> {
@@ -332,25 +336,22 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     let connector: Arc<Connector> = Arc::new(move |peer: &str, client: u64| {
         fabric::connect(transport, peer, client, timeout, poll)
     });
-    let remote = RemoteStore::connect(
-        &memnodes,
-        &RemoteConfig {
-            block_size: opts.block_size,
-            chunk_size: opts.chunk_size,
-            connections: opts.connections,
-            client_id,
-            token,
-            replicas: opts.replicas,
-            watch_interval: WATCH_INTERVAL,
-            volume: opts.volume.as_ref().map(|name| VolumeSpec {
-                name: name.clone(),
-                create: true,
-                takeover: opts.takeover,
-            }),
-        },
-        connector,
-    )
-    .context("connecting to memnodes")?;
+    let config = RemoteConfig {
+        block_size: opts.block_size,
+        chunk_size: opts.chunk_size,
+        connections: opts.connections,
+        client_id,
+        token,
+        replicas: opts.replicas,
+        watch_interval: WATCH_INTERVAL,
+        volume: opts.volume.as_ref().map(|name| VolumeSpec {
+            name: name.clone(),
+            create: true,
+            takeover: opts.takeover,
+        }),
+    };
+    let remote = connect_waiting_for_volume(&memnodes, &config, connector)
+        .context("connecting to memnodes")?;
     // SAFETY: geteuid/getegid have no preconditions and cannot fail.
     let owner = unsafe { Caller::with_ids(libc::geteuid(), libc::getegid()) };
     let remote = Arc::new(remote);
@@ -566,6 +567,35 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     result?;
     log::info!("unmounted {}", opts.mountpoint.display());
     Ok(())
+}
+
+/// Connects to the memnodes; while the volume is held by another live client, tries
+/// again for up to [`VOLUME_BUSY_PATIENCE`] (see there), then fails with the
+/// memnode's answer, which names the holder.
+fn connect_waiting_for_volume(
+    memnodes: &[String],
+    config: &RemoteConfig,
+    connector: Arc<Connector>,
+) -> Result<RemoteStore, crate::remote::RemoteError> {
+    let deadline = std::time::Instant::now() + VOLUME_BUSY_PATIENCE;
+    let mut said = false;
+    loop {
+        match RemoteStore::connect(memnodes, config, connector.clone()) {
+            Err(crate::remote::RemoteError::Control { node, error })
+                if error.is_busy() && std::time::Instant::now() < deadline =>
+            {
+                if !std::mem::replace(&mut said, true) {
+                    log::info!(
+                        "memnode {node}: {error}; waiting up to {} s for it to let go \
+                         (an fsd unmounting it does within moments)",
+                        VOLUME_BUSY_PATIENCE.as_secs()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            r => return r,
+        }
+    }
 }
 
 #[cfg(test)]

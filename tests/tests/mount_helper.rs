@@ -730,6 +730,35 @@ fn the_token_from_token_file_shows_in_neither_ps_nor_proc_mounts() {
 }
 
 #[test]
+fn a_mount_waits_for_an_fsd_that_is_letting_go_of_the_volume() {
+    // umount(8) returns before the unmounted fsd has let go of its volume (FUSE does
+    // not wait for the daemon), so `umount && mount` (and xfstests' cycle_mount)
+    // finds it held for a moment: the mount must wait for it rather than fail.
+    // Here the holder lets go a second after the mount starts.
+    let memnode = MemnodeProc::start("64M");
+    let holder = FsdMount::with_memnode(&memnode, &["--volume", "cycled", "--cache", "8M"]);
+    fs::write(holder.join("kept"), b"kept").expect("writing kept");
+    let letting_go = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        holder.unmount();
+    });
+    let m = mount(&memnode, &format!("{}/cycled", memnode.addr()), "cache=8M");
+    letting_go.join().expect("the holder unmounts");
+    assert_eq!(
+        fs::read(m.join("kept")).expect("reading kept"),
+        b"kept",
+        "the file the holder wrote"
+    );
+    assert!(
+        m.log_text().contains("waiting up to"),
+        "fsd should say it waits for the holder; its log:\n{}",
+        m.log_text()
+    );
+    let dir = m.path().to_string_lossy().into_owned();
+    m.umount(&dir);
+}
+
+#[test]
 fn the_embedded_source_mounts_a_volume_on_fsds_own_memnode() {
     let memnode = MemnodeProc::start("16M"); // only for its transport
     let m = mount(&memnode, "embedded/myvol", "embedded_size=64M,cache=8M");
