@@ -209,6 +209,15 @@ pub struct MountReport {
     pub tails_zeroed: usize,
 }
 
+/// Where the loaded generation's log ends, if every copy of it (`st.copies`) replays
+/// its log in full to that same end (`ends`: node, end) and the log has room left:
+/// then the log can take more entries on every copy.
+fn whole_tail(st: &State, ends: &[(usize, u64)]) -> Option<u64> {
+    let tail = ends.iter().map(|&(_, end)| end).max()?;
+    let whole = |c: &MetaCopy| ends.iter().any(|&(n, end)| n == c.node && end == tail);
+    (!st.copies.is_empty() && st.copies.iter().all(whole) && tail < LOG_BYTES).then_some(tail)
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -432,15 +441,16 @@ impl Volume {
                     })
                 })
                 .collect();
-            match volume.checkpoint_locked(&mut st, &ns, Vec::new()) {
-                Err(VolumeError::NoRoom(why)) if !upgrade && same_members => {
-                    volume.continue_loaded(&mut st, &loaded_ends, why)?;
+            let continuable = !upgrade && same_members && whole_tail(&st, &loaded_ends).is_some();
+            match volume.checkpoint_locked(&mut st, &ns, Vec::new(), continuable) {
+                Err(VolumeError::NoRoom(why)) if continuable => {
+                    volume.continue_loaded(&mut st, &loaded_ends, why);
                 }
                 r => r?,
             }
             if report.created {
                 // A second one, so the first one's chunks are spares at once.
-                volume.checkpoint_locked(&mut st, &ns, Vec::new())?;
+                volume.checkpoint_locked(&mut st, &ns, Vec::new(), false)?;
             }
             report.generation = st.generation;
             // Metadata chunks of the loaded generation that are no copy (a
@@ -497,8 +507,9 @@ impl Volume {
         ns: &Namespace,
         frees: Vec<BlockLoc>,
     ) -> Result<(), VolumeError> {
-        match self.checkpoint_locked(st, ns, frees) {
-            Err(VolumeError::NoRoom(why)) if st.log_whole && !self.membership_changed(st) => {
+        let may_defer = st.log_whole && !self.membership_changed(st);
+        match self.checkpoint_locked(st, ns, frees, may_defer) {
+            Err(VolumeError::NoRoom(why)) if may_defer => {
                 if !std::mem::replace(&mut st.no_room, true) {
                     log::warn!(
                         "volume {}: {why}; the log takes the changes until a checkpoint \
@@ -542,7 +553,7 @@ impl Volume {
         }
         if st.tail + bytes.len() as u64 > LOG_BYTES - STALE_RESERVE {
             // The log is full: the checkpoint covers what these entries say.
-            return self.checkpoint_locked(st, ns, frees);
+            return self.checkpoint_locked(st, ns, frees, false);
         }
         if let Err(e) = self.append_locked(st, &bytes, seq) {
             self.journal.return_frees(frees);
@@ -563,11 +574,12 @@ impl Volume {
         let mut st = lock(&self.state);
         let bytes = encode_entry(st.next_seq, &encode_records(&records));
         if st.tail + bytes.len() as u64 > LOG_BYTES {
-            return self.checkpoint_locked(&mut st, ns, Vec::new());
+            return self.checkpoint_locked(&mut st, ns, Vec::new(), false);
         }
         if st.need_checkpoint || self.membership_changed(&st) {
-            match self.checkpoint_locked(&mut st, ns, Vec::new()) {
-                Err(VolumeError::NoRoom(_)) if st.log_whole && !self.membership_changed(&st) => {}
+            let may_defer = st.log_whole && !self.membership_changed(&st);
+            match self.checkpoint_locked(&mut st, ns, Vec::new(), may_defer) {
+                Err(VolumeError::NoRoom(_)) if may_defer => {}
                 r => return r,
             }
         }
@@ -637,11 +649,14 @@ impl Volume {
 
     /// Writes a checkpoint of generation + 1 to fresh chunks on the first R memnodes
     /// up, points every superblock at it, then frees the previous generation's chunks.
+    /// With `may_defer` (the log can take the changes instead), a checkpoint that
+    /// finds no room for its bound is `NoRoom` before it takes anything.
     fn checkpoint_locked(
         &self,
         st: &mut State,
         ns: &Namespace,
         mut frees: Vec<BlockLoc>,
+        may_defer: bool,
     ) -> Result<(), VolumeError> {
         let nodes = self.remote.node_count();
         let members: Vec<Option<(u32, u64)>> =
@@ -654,10 +669,15 @@ impl Volume {
         for s in stale {
             self.free_copy(s.copy, false);
         }
-        // Nothing is taken from the journal before the checkpoint has somewhere to go.
-        if let Err(e) = self.make_room(st, &members, true) {
-            self.journal.return_frees(frees);
-            return Err(e);
+        // Nothing is taken from the journal before the checkpoint has somewhere to go;
+        // with nowhere else for the changes, a spare smaller than the bound may still
+        // hold it, so it is tried.
+        match self.make_room(st, &members, true) {
+            Err(e) if may_defer => {
+                self.journal.return_frees(frees);
+                return Err(e);
+            }
+            _ => {}
         }
         frees.extend(self.journal.take_frees());
         let bs = self.remote.block_size();
@@ -945,20 +965,10 @@ impl Volume {
     }
 
     /// At mount, when no memnode has room for the mount's checkpoint: goes on with
-    /// the loaded generation, appending to its log where it ends, on the copies
-    /// (every one must replay its log in full to the same end; `ends`: node, end).
-    /// The next commit tries a checkpoint again. `NoRoom` when it cannot go on.
-    fn continue_loaded(
-        &self,
-        st: &mut State,
-        ends: &[(usize, u64)],
-        why: String,
-    ) -> Result<(), VolumeError> {
-        let tail = ends.iter().map(|&(_, end)| end).max().unwrap_or(0);
-        let whole = |c: &MetaCopy| ends.iter().any(|&(n, end)| n == c.node && end == tail);
-        if st.copies.is_empty() || !st.copies.iter().all(whole) || tail >= LOG_BYTES {
-            return Err(VolumeError::NoRoom(why));
-        }
+    /// the loaded generation, appending to its log where it ends (see
+    /// [`whole_tail`]). The next commit tries a checkpoint again.
+    fn continue_loaded(&self, st: &mut State, ends: &[(usize, u64)], why: String) {
+        let tail = whole_tail(st, ends).unwrap_or(LOG_BYTES);
         log::warn!(
             "volume {}: {why}; it goes on with generation {} and its log until a \
              checkpoint finds room (free space: delete files)",
@@ -969,7 +979,6 @@ impl Volume {
         st.log_whole = true;
         st.need_checkpoint = true;
         st.no_room = true;
-        Ok(())
     }
 
     /// Gives a copy's chunks back: on the link they were allocated on (`same_link`),
