@@ -184,7 +184,13 @@ struct State {
     log_whole: bool,
     /// Commits go to the log because no checkpoint found room (said once).
     no_room: bool,
+    /// When a commit last failed to grow a spare: it tries again only after
+    /// [`GROW_RETRY`], so commits on a full memnode do not each ask it for room.
+    grow_failed: Option<std::time::Instant>,
 }
+
+/// See `State::grow_failed`.
+const GROW_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub struct Volume {
     name: String,
@@ -410,6 +416,7 @@ impl Volume {
                 checkpoint_wanted: 0,
                 log_whole: false,
                 no_room: false,
+                grow_failed: None,
             }),
             closed: Default::default(),
         });
@@ -560,7 +567,10 @@ impl Volume {
             return Err(e);
         }
         // Room for the next checkpoint grows with the log, while there is room.
-        let _ = self.make_room(st, &members, false);
+        if st.grow_failed.is_none_or(|t| t.elapsed() >= GROW_RETRY) {
+            let grown = self.make_room(st, &members, false);
+            st.grow_failed = grown.is_err().then(std::time::Instant::now);
+        }
         self.remote.free_blocks(frees);
         Ok(())
     }
