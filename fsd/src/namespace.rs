@@ -109,6 +109,9 @@ pub struct RenameMode {
     pub no_replace: bool,
     /// Swap source and target atomically; both must exist.
     pub exchange: bool,
+    /// RENAME_WHITEOUT: leave a whiteout owned by this (uid, gid) where the source
+    /// was (see [`Namespace::whiteout_locked`]).
+    pub whiteout: Option<(u32, u32)>,
 }
 
 pub struct Namespace {
@@ -420,6 +423,9 @@ impl Namespace {
             return Err(FsError::Invalid);
         }
         if mode.exchange {
+            if mode.whiteout.is_some() {
+                return Err(FsError::Invalid);
+            }
             let dst = dst.ok_or(FsError::NotFound)?;
             let dst_is_dir = tree.contains_key(&dst);
             if dst_is_dir && Self::is_ancestor(&tree, dst, parent) {
@@ -502,6 +508,9 @@ impl Namespace {
         if new_parent != parent {
             self.get(new_parent)?.meta().touch_mtime();
         }
+        let whiteout = mode
+            .whiteout
+            .map(|owner| self.whiteout_locked(&mut tree, parent, name, owner));
         self.log(|| {
             let mut r = vec![persist::dir_remove(parent, name)];
             if let Some(dst) = &replaced {
@@ -519,10 +528,57 @@ impl Namespace {
                     parent: new_parent,
                 });
             }
+            if let Some((w, w_cookie)) = &whiteout {
+                r.extend(persist::inode_records(&w.meta()));
+                r.push(persist::dir_add(parent, *w_cookie, w.ino, name));
+            }
             r.extend(self.attr_records(&[src, parent, new_parent]));
             r
         });
         Ok(replaced)
+    }
+
+    /// A whiteout, the character device 0:0 that overlayfs takes for "deleted in the
+    /// layers below", as `name` in `parent` (RENAME_WHITEOUT leaves one where the
+    /// source was), under the tree lock the caller holds. The kernel gets no
+    /// reference to it, so it counts no lookup. Returns it and its cookie.
+    fn whiteout_locked(
+        &self,
+        tree: &mut HashMap<Ino, Dir>,
+        parent: Ino,
+        name: &OsStr,
+        (uid, gid): (u32, u32),
+    ) -> (Arc<Inode>, u64) {
+        let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
+        let now = SystemTime::now();
+        let inode = Arc::new(Inode::new(
+            Attr {
+                ino,
+                kind: FileKind::CharDevice,
+                size: 0,
+                allocated: 0,
+                perm: 0,
+                nlink: 1,
+                uid,
+                gid,
+                rdev: 0,
+                atime: now,
+                mtime: now,
+                ctime: now,
+            },
+            None,
+        ));
+        if self.journal.is_some() {
+            inode.meta().dirty_blocks = Some(Default::default());
+        }
+        let cookie = tree
+            .get_mut(&parent)
+            .map_or(0, |d| d.insert(name.to_os_string(), ino));
+        self.inodes
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ino, inode.clone());
+        (inode, cookie)
     }
 
     fn swap_entries(

@@ -287,7 +287,7 @@ impl FuseOps for FuseAdapter {
 
     fn rename(
         &self,
-        _req: &Req,
+        req: &Req,
         parent: u64,
         name: &OsStr,
         newparent: u64,
@@ -295,13 +295,15 @@ impl FuseOps for FuseAdapter {
         flags: u32,
     ) -> Result<(), Errno> {
         let _t = self.timing.start(FuseKind::Modify);
-        let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE;
+        let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE | libc::RENAME_WHITEOUT;
         if flags & !known != 0 {
-            return Err(Errno::EINVAL); // RENAME_WHITEOUT and anything newer
+            return Err(Errno::EINVAL); // anything newer
         }
+        // (The kernel has checked CAP_MKNOD for a whiteout.)
         let mode = RenameMode {
             no_replace: flags & libc::RENAME_NOREPLACE != 0,
             exchange: flags & libc::RENAME_EXCHANGE != 0,
+            whiteout: (flags & libc::RENAME_WHITEOUT != 0).then_some((req.uid, req.gid)),
         };
         mapped(self.fs.rename(parent, name, newparent, newname, mode))
     }

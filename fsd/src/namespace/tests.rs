@@ -121,6 +121,7 @@ fn rename_replaces_files_and_refuses_bad_targets() {
     let no_replace = RenameMode {
         no_replace: true,
         exchange: false,
+        whiteout: None,
     };
     ns.create(ROOT_INO, "c".as_ref(), new(FileKind::File))
         .unwrap();
@@ -169,6 +170,7 @@ fn exchange_swaps_two_entries() {
     let x = RenameMode {
         no_replace: false,
         exchange: true,
+        whiteout: None,
     };
     ns.rename(ROOT_INO, "a".as_ref(), ROOT_INO, "d".as_ref(), x)
         .unwrap();
@@ -201,6 +203,40 @@ fn listing_continues_correctly_while_entries_are_removed() {
     }
     assert_eq!(seen, 100, "every entry listed exactly once");
     assert_eq!(names(&ns, ROOT_INO), vec![".", ".."]);
+}
+
+#[test]
+fn rename_whiteout_leaves_a_character_device_0_0_where_the_source_was() {
+    let ns = ns();
+    let a = ns
+        .create(ROOT_INO, "a".as_ref(), new(FileKind::File))
+        .unwrap();
+    let m = RenameMode {
+        whiteout: Some((7, 8)),
+        ..RenameMode::default()
+    };
+    ns.rename(ROOT_INO, "a".as_ref(), ROOT_INO, "b".as_ref(), m)
+        .unwrap();
+    assert_eq!(ns.lookup(ROOT_INO, "b".as_ref()).unwrap().ino, a.ino);
+    let w = ns.lookup(ROOT_INO, "a".as_ref()).expect("a whiteout at a");
+    assert_ne!(w.ino, a.ino);
+    let attr = w.meta().attr.clone();
+    assert_eq!(
+        (attr.kind, attr.rdev, attr.perm, attr.nlink, attr.uid, attr.gid),
+        (FileKind::CharDevice, 0, 0, 1, 7, 8)
+    );
+    assert_eq!(names(&ns, ROOT_INO), vec![".", "..", "b", "a"]);
+    // With exchange it is refused, as renameat2(2) does.
+    let x = RenameMode {
+        exchange: true,
+        whiteout: Some((0, 0)),
+        ..RenameMode::default()
+    };
+    assert_eq!(
+        ns.rename(ROOT_INO, "a".as_ref(), ROOT_INO, "b".as_ref(), x)
+            .err(),
+        Some(FsError::Invalid)
+    );
 }
 
 #[test]
