@@ -132,25 +132,31 @@ fn check_name(name: &OsStr) -> FsResult<()> {
     Ok(())
 }
 
+/// The attributes of an inode made now: empty, every time now, and a link per name
+/// (a directory's own "." too).
+fn fresh_attr(ino: Ino, kind: FileKind, perm: u16, (uid, gid): (u32, u32), rdev: u32) -> Attr {
+    let now = SystemTime::now();
+    Attr {
+        ino,
+        kind,
+        size: 0,
+        allocated: 0,
+        perm: perm & 0o7777,
+        nlink: if kind == FileKind::Dir { 2 } else { 1 },
+        uid,
+        gid,
+        rdev,
+        atime: now,
+        mtime: now,
+        ctime: now,
+    }
+}
+
 impl Namespace {
     /// A namespace holding only the root directory, owned by `uid:gid`.
     pub fn new(uid: u32, gid: u32) -> Namespace {
-        let now = SystemTime::now();
         let root = Inode::new(
-            Attr {
-                ino: ROOT_INO,
-                kind: FileKind::Dir,
-                size: 0,
-                allocated: 0,
-                perm: 0o755,
-                nlink: 2,
-                uid,
-                gid,
-                rdev: 0,
-                atime: now,
-                mtime: now,
-                ctime: now,
-            },
+            fresh_attr(ROOT_INO, FileKind::Dir, 0o755, (uid, gid), 0),
             None,
         );
         let mut tree = HashMap::new();
@@ -225,29 +231,13 @@ impl Namespace {
         }
         let parent_inode = self.get(parent)?;
         let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
-        let now = SystemTime::now();
         let is_dir = new.kind == FileKind::Dir;
-        let size = new
+        let mut attr = fresh_attr(ino, new.kind, new.perm, (new.uid, new.gid), new.rdev);
+        attr.size = new
             .target
             .as_ref()
             .map_or(0, |t| t.as_os_str().len() as u64);
-        let inode = Arc::new(Inode::new(
-            Attr {
-                ino,
-                kind: new.kind,
-                size,
-                allocated: 0,
-                perm: new.perm & 0o7777,
-                nlink: if is_dir { 2 } else { 1 },
-                uid: new.uid,
-                gid: new.gid,
-                rdev: new.rdev,
-                atime: now,
-                mtime: now,
-                ctime: now,
-            },
-            new.target,
-        ));
+        let inode = Arc::new(Inode::new(attr, new.target));
         {
             let mut m = inode.meta();
             m.lookups = 1;
@@ -547,27 +537,11 @@ impl Namespace {
         tree: &mut HashMap<Ino, Dir>,
         parent: Ino,
         name: &OsStr,
-        (uid, gid): (u32, u32),
+        owner: (u32, u32),
     ) -> (Arc<Inode>, u64) {
         let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
-        let now = SystemTime::now();
-        let inode = Arc::new(Inode::new(
-            Attr {
-                ino,
-                kind: FileKind::CharDevice,
-                size: 0,
-                allocated: 0,
-                perm: 0,
-                nlink: 1,
-                uid,
-                gid,
-                rdev: 0,
-                atime: now,
-                mtime: now,
-                ctime: now,
-            },
-            None,
-        ));
+        let attr = fresh_attr(ino, FileKind::CharDevice, 0, owner, 0);
+        let inode = Arc::new(Inode::new(attr, None));
         if self.journal.is_some() {
             inode.meta().dirty_blocks = Some(Default::default());
         }
