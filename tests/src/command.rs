@@ -2,6 +2,8 @@
 //! bounded wait, and a failure message with the command line, exit status and both
 //! output streams.
 
+use crate::procinfo;
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -17,12 +19,27 @@ pub fn command_line(cmd: &Command) -> String {
 
 /// Runs `cmd` (stdin from /dev/null unless set) to completion within `limit` and
 /// returns its output, whatever its exit status; a program still running at `limit` is
-/// killed (by its pid) and the test fails naming `what`.
+/// killed (with every process it started) and the test fails naming `what`.
 pub fn run_within(cmd: &mut Command, limit: Duration, what: &str) -> Output {
+    run_within_watching(cmd, limit, what, &[])
+}
+
+/// As [`run_within`]; when the program hangs, the failure also says what each of its
+/// processes and each thread of the `watched` processes (the fsd under test) was
+/// waiting in, and the end of what the program printed: the evidence a hang leaves.
+pub fn run_within_watching(
+    cmd: &mut Command,
+    limit: Duration,
+    what: &str,
+    watched: &[u32],
+) -> Output {
     let line = command_line(cmd);
+    // A group of its own, so that a hang is ended with every process it forked (whose
+    // pipes would otherwise keep its output from ever ending).
     let child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .spawn()
         .unwrap_or_else(|e| panic!("{what}: cannot run `{line}`: {e}"));
     let pid = child.id();
@@ -34,10 +51,25 @@ pub fn run_within(cmd: &mut Command, limit: Duration, what: &str) -> Output {
         Ok(Ok(out)) => out,
         Ok(Err(e)) => panic!("{what}: waiting for `{line}`: {e}"),
         Err(_) => {
-            // SAFETY: kill(2) with the pid of our own child, which has not been reaped
-            // (the waiting thread still waits for it).
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-            panic!("{what}: `{line}` did not finish within {limit:?}")
+            let mut evidence = procinfo::group_report(pid);
+            for &w in watched {
+                evidence += &procinfo::threads_report(w);
+            }
+            // SAFETY: kill(2) of the process group our child leads; the child is not
+            // reaped yet (the waiting thread still waits for it), so its id is ours.
+            unsafe { libc::kill(-(pid as libc::pid_t), libc::SIGKILL) };
+            let printed = match rx.recv_timeout(Duration::from_secs(10)) {
+                Ok(Ok(out)) => format!(
+                    "its stdout ended with:\n{}\nits stderr ended with:\n{}",
+                    tail(&out.stdout),
+                    tail(&out.stderr)
+                ),
+                _ => "its output could not be read after the kill".to_string(),
+            };
+            panic!(
+                "{what}: `{line}` did not finish within {limit:?}; what was waiting where \
+                 at that moment:\n{evidence}{printed}"
+            )
         }
     }
 }
@@ -71,4 +103,53 @@ pub fn run_timed(cmd: &mut Command, limit: Duration, what: &str) -> (String, Dur
 fn tail(bytes: &[u8]) -> String {
     const KEEP: usize = 8 << 10;
     String::from_utf8_lossy(&bytes[bytes.len().saturating_sub(KEEP)..]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hung_program_fails_with_where_its_processes_wait_and_is_killed_with_them() {
+        // A program that forks a child holding its output open, prints, and hangs.
+        let hang = std::panic::catch_unwind(|| {
+            let mut cmd = Command::new("sh");
+            cmd.args(["-c", "sleep 300 & echo started; sleep 300"]);
+            run_within_watching(
+                &mut cmd,
+                Duration::from_secs(2),
+                "a hanging shell",
+                &[std::process::id()],
+            )
+        });
+        let message = match hang {
+            Ok(out) => panic!("a program still running at the limit returned {out:?}"),
+            Err(p) => p
+                .downcast_ref::<String>()
+                .cloned()
+                .expect("a formatted panic message"),
+        };
+        for wanted in [
+            "did not finish within 2s",
+            "sh: state S",
+            "sleep: state S",
+            &format!("threads of process {}", std::process::id()),
+            "its stdout ended with:\nstarted",
+        ] {
+            assert!(
+                message.contains(wanted),
+                "the failure should say {wanted:?}:\n{message}"
+            );
+        }
+        // The forked sleep went with the group: none of ours is left.
+        let left = Command::new("pgrep")
+            .args(["-f", "^sleep 300$"])
+            .output()
+            .expect("pgrep");
+        assert!(
+            left.stdout.is_empty(),
+            "the hung program's children should be killed with it: {}",
+            String::from_utf8_lossy(&left.stdout)
+        );
+    }
 }

@@ -54,6 +54,7 @@ pub mod kernel;
 pub mod memnode;
 pub mod metrics;
 mod output;
+pub mod procinfo;
 pub mod procmem;
 pub mod snapshot;
 pub mod stats;

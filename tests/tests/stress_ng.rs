@@ -11,7 +11,7 @@
 //! fails its own IORING_OP_STATX check on tmpfs too (a stress-ng 0.15 bug).
 
 use rmemfs_tests::binaries::program;
-use rmemfs_tests::command::run_within;
+use rmemfs_tests::command::run_within_watching;
 use rmemfs_tests::{heavy_test, volume, FsdMount, MemnodeProc};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -32,7 +32,14 @@ fn stress_ng_filesystem_stressors_pass_on_a_volume() {
         .args(["--verify", "--exclude", EXCLUDED, "--temp-path"])
         .arg(&dir)
         .current_dir(&dir);
-    let out = run_within(&mut cmd, Duration::from_secs(900), "stress-ng");
+    // A hang (seen once, on the classic transport) fails with what each stressor and
+    // each fsd thread was waiting in.
+    let out = run_within_watching(
+        &mut cmd,
+        Duration::from_secs(900),
+        "stress-ng",
+        &[fsd.pid()],
+    );
     let text =
         String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
     // What stress-ng says about each stressor that did not simply pass.
