@@ -348,13 +348,31 @@ pub fn fsck_json(name: &str, memnodes: &[&MemnodeProc]) -> FsckReport {
     parse_fsck_json(run)
 }
 
-/// As [`fsck_json`] for a volume whose fsd was killed: fsck is retried for up to
-/// [`HOLDER_RELEASE_LIMIT`] while it refuses with `is held by` (the memnodes may take
-/// a moment to let go of the dead fsd).
+/// As [`fsck_json`] for a volume whose fsd was killed (see [`fsck_after_crash`]).
 pub fn fsck_json_after_crash(name: &str, memnodes: &[&MemnodeProc]) -> FsckReport {
+    let r = fsck_after_crash(name, &["--json"], memnodes);
+    if r.code == 2 {
+        panic!(
+            "rmemfs fsck {name} --json could not read the volume (exit 2); {}",
+            r.context()
+        );
+    }
+    parse_fsck_json(r)
+}
+
+/// As [`fsck_text`] for a volume whose fsd was killed (see [`fsck_after_crash`]).
+pub fn fsck_text_after_crash(name: &str, memnodes: &[&MemnodeProc]) -> RmemfsRun {
+    fsck_after_crash(name, &[], memnodes)
+}
+
+/// `rmemfs fsck NAME ARGS...` for a volume whose fsd was killed, retried for up to
+/// [`HOLDER_RELEASE_LIMIT`] while it refuses with `is held by` (the memnodes may take
+/// a moment to let go of the dead fsd); whatever its exit code after that.
+fn fsck_after_crash(name: &str, args: &[&str], memnodes: &[&MemnodeProc]) -> RmemfsRun {
     let mut last = None;
+    let argv: Vec<&str> = std::iter::once(name).chain(args.iter().copied()).collect();
     let done = poll_until(HOLDER_RELEASE_LIMIT, || {
-        let r = run(&["fsck"], &[name, "--json"], memnodes).no_panic(&format!("fsck {name}"));
+        let r = run(&["fsck"], &argv, memnodes).no_panic(&format!("fsck {name}"));
         if r.stderr.contains("is held by") {
             last = Some(r);
             std::thread::sleep(Duration::from_millis(250));
@@ -362,18 +380,13 @@ pub fn fsck_json_after_crash(name: &str, memnodes: &[&MemnodeProc]) -> FsckRepor
         }
         Some(r)
     });
-    match done {
-        Some(r) if r.code == 2 => panic!(
-            "rmemfs fsck {name} --json could not read the volume (exit 2); {}",
-            r.context()
-        ),
-        Some(r) => parse_fsck_json(r),
-        None => panic!(
+    done.unwrap_or_else(|| {
+        panic!(
             "fsck {name} still refused the volume {HOLDER_RELEASE_LIMIT:?} after its fsd was \
              killed; {}",
             last.expect("a refusal").context()
-        ),
-    }
+        )
+    })
 }
 
 /// The counts of the text form (`inodes: N`, `inconsistencies: N`, `leaked chunks: N`).

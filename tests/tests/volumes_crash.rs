@@ -865,6 +865,32 @@ fn kill_9_loses_only_unsynced_data() {
         }
         model = after;
 
+        // Offline, before the mount repairs anything: the metadata is consistent, and
+        // what fsd took after its last commit is reported as space the next mount
+        // gives back (the clean fsck after this round shows that it does).
+        let crashed = volume::fsck_text_after_crash("crash", &[&memnode]);
+        let counts = volume::parse_fsck_text(&crashed.stdout).unwrap_or_else(|| {
+            panic!(
+                "round {round}: fsck after kill -9 printed no counts; {}",
+                crashed.context()
+            )
+        });
+        println!(
+            "round {round}: fsck after kill -9: exit {}, {counts:?}",
+            crashed.code
+        );
+        assert_eq!(
+            counts.inconsistencies,
+            0,
+            "round {round}: after kill -9 the volume's metadata should be consistent; {}",
+            crashed.context()
+        );
+        assert!(
+            counts.leaked_chunks == 0 || crashed.stdout.contains("the next mount gives them back"),
+            "round {round}: fsck should say leaked chunks come back at the next mount; {}",
+            crashed.context()
+        );
+
         let fsd = volume::remount_after_crash(&[&memnode], &args);
         let found = match check_mount(fsd.path(), &model) {
             Ok(found) => found,
