@@ -43,18 +43,26 @@ fn task_report(dir: &Path, label: &str) -> String {
     out
 }
 
+/// The numbered entries of a /proc directory (pids or tids), in order; `None` when
+/// it cannot be read.
+fn ids_in(dir: &Path) -> Option<Vec<u32>> {
+    let mut ids: Vec<u32> = fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    ids.sort_unstable();
+    Some(ids)
+}
+
 /// Every process of process group `pgid` (a hung program and all it forked).
 pub fn group_report(pgid: u32) -> String {
     let mut out = format!("processes of group {pgid}:\n");
-    let Ok(entries) = fs::read_dir("/proc") else {
+    let proc = Path::new("/proc");
+    let Some(pids) = ids_in(proc) else {
         return out + "  (/proc unreadable)\n";
     };
-    let mut pids: Vec<u32> = entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    pids.sort_unstable();
     for pid in pids {
-        let dir = Path::new("/proc").join(pid.to_string());
+        let dir = proc.join(pid.to_string());
         let in_group = stat_fields(&dir).and_then(|f| f.get(2).and_then(|g| g.parse::<u32>().ok()))
             == Some(pgid);
         if in_group {
@@ -68,13 +76,9 @@ pub fn group_report(pgid: u32) -> String {
 pub fn threads_report(pid: u32) -> String {
     let tasks = Path::new("/proc").join(pid.to_string()).join("task");
     let mut out = format!("threads of process {pid}:\n");
-    let Ok(entries) = fs::read_dir(&tasks) else {
+    let Some(tids) = ids_in(&tasks) else {
         return out + "  (gone)\n";
     };
-    let mut tids: Vec<u32> = entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    tids.sort_unstable();
     for tid in tids {
         out += &task_report(&tasks.join(tid.to_string()), &format!("tid {tid}"));
     }
