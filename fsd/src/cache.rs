@@ -73,7 +73,7 @@ use buffers::{PageBuf, Slab};
 use lru::LruCache;
 use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -410,6 +410,9 @@ pub struct PageCache {
     /// [`PageCache::wait_for_work`]).
     evicting_now: Mutex<bool>,
     evicted: Condvar,
+    /// The cleaner's last round of cold pages found some dirty: evictions keep
+    /// waking it while there are (see [`PageCache::evict`]).
+    cold_dirty: AtomicBool,
     /// Blocks sequential writers have finished, for the cleaner to write back soon
     /// (see [`PageCache::write_behind`]).
     behind: Mutex<Vec<PageKey>>,
@@ -441,6 +444,7 @@ impl PageCache {
             }),
             evicting_now: Mutex::new(false),
             evicted: Condvar::new(),
+            cold_dirty: AtomicBool::new(false),
             behind: Mutex::new(Vec::new()),
             counters: CacheCounters::default(),
         }
@@ -526,7 +530,6 @@ impl PageCache {
                 }
                 victims
             };
-            self.wake_cleaner();
             overshoot = self.evict(backing, victims) == 0;
         }
     }
@@ -543,6 +546,13 @@ impl PageCache {
                 Ok(g) => locked.push((v, g)),
                 Err(_) => busy.push(v.clone()),
             }
+        }
+        // The cleaner writes back the pages next in line, so that evictions to come
+        // find them clean. Only where there are dirty ones: woken for every round of
+        // a cache that reads only, it cost each 4 KiB random read that misses a
+        // context switch and a scan of clean pages (4 readers: 0.13 wakeups per read).
+        if self.cold_dirty.load(Ordering::Relaxed) || locked.iter().any(|(_, g)| g.is_dirty()) {
+            self.wake_cleaner();
         }
         let mut batch: Vec<(PageKey, &mut PageState)> =
             locked.iter_mut().map(|(p, g)| (p.key, &mut **g)).collect();
@@ -1105,7 +1115,9 @@ impl PageCache {
         };
         // Ascending keys: the lock order for several pages.
         cold.sort_by_key(|p| p.key);
-        self.clean_pages(backing, &cold).0
+        let written = self.clean_pages(backing, &cold).0;
+        self.cold_dirty.store(written > 0, Ordering::Relaxed);
+        written
     }
 
     /// Writes back the dirty ones among `pages` (ascending keys) in one batch,

@@ -859,6 +859,34 @@ fn the_cleaner_writes_back_the_coldest_dirty_pages_and_eviction_then_stores_noth
 }
 
 #[test]
+fn only_evictions_that_meet_dirty_pages_wake_the_cleaner() {
+    let b = MemBacking::default();
+    let c = PageCache::new((2 * BS) as u64, BS);
+    // A cache that only reads: its evictions give the cleaner nothing to do.
+    for i in 0..4u64 {
+        read_block(&c, &b, (1, i));
+    }
+    assert!(
+        !c.wait_for_work(Duration::from_millis(1)),
+        "evicting clean pages woke the cleaner"
+    );
+    // Written pages reach the cold end: evicting the first of them wakes it.
+    write_block(&c, &b, (1, 10), 1);
+    write_block(&c, &b, (1, 11), 2);
+    assert!(!c.wait_for_work(Duration::from_millis(1)));
+    read_block(&c, &b, (1, 0));
+    assert!(c.wait_for_work(Duration::from_millis(1)), "a dirty victim");
+    // While its rounds find dirty pages, every eviction wakes it, clean victims too.
+    assert_eq!(c.clean_cold(&b, 2), 1);
+    read_block(&c, &b, (1, 1));
+    assert!(c.wait_for_work(Duration::from_millis(1)), "the cleaner had work");
+    // A round that finds none lets it sleep again.
+    assert_eq!(c.clean_cold(&b, 2), 0);
+    read_block(&c, &b, (1, 2));
+    assert!(!c.wait_for_work(Duration::from_millis(1)));
+}
+
+#[test]
 fn pages_dropped_behind_go_first_unless_dirty() {
     let b = MemBacking::default();
     let c = PageCache::new(4 * BS as u64, BS);
