@@ -1,6 +1,7 @@
 //! Shared by memnode and fsd: the control protocol, the fabric trait and its backends.
 
 pub mod control;
+pub mod cpus;
 pub mod fabric;
 pub mod protocol;
 pub mod reclaim;

@@ -224,7 +224,7 @@ impl PollSlots {
 
     /// At most half the CPUs, and at least one.
     fn limit() -> usize {
-        (cpus() / 2).max(1)
+        (crate::cpus::process_cpus() / 2).max(1)
     }
 
     fn take(&self) -> Option<PollSlot<'_>> {
@@ -255,12 +255,6 @@ impl Drop for PollSlot<'_> {
 fn clock() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
     START.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
-
-/// CPUs this process may run on.
-fn cpus() -> usize {
-    static CPUS: OnceLock<usize> = OnceLock::new();
-    *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Polls `fd` for up to `budget` without sleeping, giving the CPU to any other
