@@ -6,6 +6,7 @@
 //! - [`acl`]: POSIX ACLs: their xattr form and how they tie to the mode.
 //! - [`cache`]: the LRU page cache with write-back.
 //! - [`remote`]: memnode connections, block placement and batched block I/O.
+//! - [`affinity`]: pinning threads to CPUs, and which CPU a thread is pinned to.
 //! - [`fuse`]: the thin fuser adapter, the only place errno appears.
 //! - [`stats`]: counters of remote traffic and of the cache, written for benchmarks.
 //! - [`mount`]: the mount options, mount(2), and serving until unmounted or signalled.
@@ -18,6 +19,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod acl;
+pub mod affinity;
 pub mod atime;
 pub mod cache;
 pub mod daemon;

@@ -879,7 +879,10 @@ fn only_evictions_that_meet_dirty_pages_wake_the_cleaner() {
     // While its rounds find dirty pages, every eviction wakes it, clean victims too.
     assert_eq!(c.clean_cold(&b, 2), 1);
     read_block(&c, &b, (1, 1));
-    assert!(c.wait_for_work(Duration::from_millis(1)), "the cleaner had work");
+    assert!(
+        c.wait_for_work(Duration::from_millis(1)),
+        "the cleaner had work"
+    );
     // A round that finds none lets it sleep again.
     assert_eq!(c.clean_cold(&b, 2), 0);
     read_block(&c, &b, (1, 2));

@@ -343,20 +343,6 @@ impl RingLauncher {
     }
 }
 
-/// Pins the calling thread to `cpu`: requests of tasks on that CPU come to its
-/// queue. Best effort; the kernel routes requests whatever CPU serves them.
-fn pin_to(cpu: usize) {
-    // SAFETY: cpu_set_t is plain data; CPU_SET stays in bounds for cpu < CPU_SETSIZE.
-    unsafe {
-        if cpu >= libc::CPU_SETSIZE as usize {
-            return;
-        }
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        let _ = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-}
-
 fn is_connection_end(err: i32) -> bool {
     matches!(
         -err,
@@ -405,7 +391,9 @@ fn serve_queue<O: FuseOps + ?Sized>(
             go = shared.go_cv.wait(go).unwrap_or_else(|e| e.into_inner());
         }
     };
-    pin_to(qid as usize);
+    // Requests of tasks on this CPU come to this queue. Best effort: the kernel
+    // routes requests whatever CPU serves them.
+    crate::affinity::pin_current_thread(qid as usize);
     let raw = fd.as_raw_fd();
     let iovecs = [
         libc::iovec {
