@@ -95,10 +95,17 @@ pub struct Options {
     /// Seconds a remote operation may take before it fails with EIO.
     #[arg(long, default_value_t = 5.0)]
     pub op_timeout: f64,
-    /// FUSE request loops running at once (with io_uring: serving threads, at
-    /// least one per CPU).
+    /// FUSE request loops of the classic transport (/dev/fuse) running at once.
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
+    /// Serving threads per CPU queue of the io_uring transport. With one, a
+    /// request that arrives while its queue's thread is busy is handed over the
+    /// moment that thread answers, with no thread woken for it (much faster with
+    /// more readers than CPUs); more let a request that waits long (a flush of
+    /// much dirty data, a memnode that stopped answering) hold up fewer of the
+    /// requests of the tasks on its CPU.
+    #[arg(long, default_value_t = crate::fuse::ring::DEFAULT_THREADS_PER_QUEUE)]
+    pub ring_threads: usize,
     /// How the kernel hands FUSE requests to fsd: io-uring (FUSE over io_uring,
     /// Linux 6.14, when /sys/module/fuse/parameters/enable_uring is Y), classic
     /// (/dev/fuse), or auto: io-uring when the kernel offers it, else classic.
@@ -206,6 +213,9 @@ impl Options {
         }
         if !(1..=64).contains(&self.threads) || !(1..=64).contains(&self.connections) {
             bail!("--threads and --connections must be between 1 and 64");
+        }
+        if !(1..=64).contains(&self.ring_threads) {
+            bail!("--ring-threads must be between 1 and 64");
         }
         let nodes = self.memnodes.len().max(1);
         if !(1..=MAX_REPLICAS).contains(&self.replicas) || self.replicas > nodes {
@@ -434,6 +444,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         Serving {
             transport: opts.fuse_transport,
             threads: opts.threads,
+            ring_threads: opts.ring_threads,
         },
         "fsd",
         last_resort,

@@ -142,8 +142,10 @@ fn lazy_unmount(mountpoint: &Path) {
 #[derive(Clone, Copy, Debug)]
 pub struct Serving {
     pub transport: FuseTransport,
-    /// Request loops of the classic transport, and serving threads of the ring.
+    /// Request loops of the classic transport.
     pub threads: usize,
+    /// Serving threads per CPU queue of the ring.
+    pub ring_threads: usize,
 }
 
 /// The ring transport, when `serving` asks for it and this host can give it; logs
@@ -161,7 +163,12 @@ fn prepare_ring<O: FuseOps>(
         FuseTransport::IoUring => true,
         FuseTransport::Auto => false,
     };
-    match RingLauncher::prepare(ops.clone(), serving.threads, MAX_WRITE as usize, forced) {
+    match RingLauncher::prepare(
+        ops.clone(),
+        serving.ring_threads,
+        MAX_WRITE as usize,
+        forced,
+    ) {
         Ok(ring) => Ok(Some(ring)),
         Err(e) if forced => Err(e.context("--fuse-transport io-uring")),
         Err(e) => {

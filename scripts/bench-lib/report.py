@@ -573,7 +573,10 @@ def print_header(doc):
         threads = s.get("nullfs_threads")
         threads = ("its default --threads" if threads in (None, "default")
                    else f"--threads {threads}")
-        print(f"  nullfs: no data, fsd's FUSE settings, {threads}, --fuse-transport "
+        ring_threads = s.get("nullfs_ring_threads")
+        ring_threads = ("its default --ring-threads" if ring_threads in (None, "default")
+                        else f"--ring-threads {ring_threads}")
+        print(f"  nullfs: no data, fsd's FUSE settings, {threads}, {ring_threads}, --fuse-transport "
               "io-uring (the ring ceiling); nullfs-classic: the same with "
               "--fuse-transport classic")
     if "fabric" in targets:

@@ -3,8 +3,10 @@
 //! it answers there) with data exact after the cache is dropped; `classic` answers
 //! none there; `auto` falls back to /dev/fuse with one clear line when the kernel
 //! parameter is off or io_uring is disabled by sysctl, while `io-uring` then refuses
-//! to mount, saying why; SIGTERM in the middle of readers and writers on the ring
-//! ends fsd cleanly, with every reader and writer answered.
+//! to mount, saying why; each CPU queue gets the serving threads asked for, and
+//! more tasks than that on one CPU are all answered; SIGTERM in the middle of
+//! readers and writers on the ring ends fsd cleanly, with every reader and writer
+//! answered.
 //!
 //! These tests turn `/sys/module/fuse/parameters/enable_uring` and
 //! `kernel.io_uring_disabled` on and off (each restored after), so they need root and
@@ -214,6 +216,79 @@ fn sigterm_under_load_on_the_ring_answers_every_request_then_exits() {
     for w in workers {
         let done = w.join().expect("a worker failed");
         assert!(done > 0, "a worker got nothing done");
+    }
+}
+
+/// One serving thread per CPU queue unless `--ring-threads` asks for more (the line
+/// naming the transport says how many), and either way eight readers and writers
+/// pinned to one CPU, more than its queue has threads (their requests wait for a
+/// thread to be free), are all answered, with exact data.
+#[test]
+fn each_queue_has_the_ring_threads_asked_for_and_serves_more_tasks_than_that() {
+    let (_lock, _on) = uring_on();
+    for (flag, per_queue) in [(None, 1), (Some("3"), 3)] {
+        let stats = StatsFile::new();
+        let mut a = args(&stats, "io-uring");
+        if let Some(n) = flag {
+            a.extend(["--ring-threads", n]);
+        }
+        let mount = FsdMount::start(&a);
+        let log = mount.stderr();
+        assert!(
+            log.contains(&format!(" queues x {per_queue} threads)")),
+            "--ring-threads {flag:?}: expected {per_queue} threads per queue; stderr:\n{log}"
+        );
+        let data = Arc::new(Pattern::for_test("one-cpu").bytes(0, 4 * MIB as usize));
+        std::fs::write(mount.join("one-cpu"), &*data).unwrap();
+        drop_page_cache();
+        let before = ring_requests(&stats);
+        let until = Instant::now() + Duration::from_secs(1);
+        let workers: Vec<_> = (0..8)
+            .map(|i| {
+                let path = if i % 2 == 0 {
+                    mount.join("one-cpu")
+                } else {
+                    mount.join(format!("one-cpu-w{i}"))
+                };
+                let file = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&path)
+                    .unwrap();
+                let data = data.clone();
+                std::thread::spawn(move || {
+                    pin_to_cpu(0);
+                    busy(file, i % 2 == 0, &data, until)
+                })
+            })
+            .collect();
+        for w in workers {
+            assert!(
+                w.join().expect("a worker failed") > 0,
+                "a worker got nothing done"
+            );
+        }
+        assert!(ring_requests(&stats) > before, "the ring served none of it");
+        mount.unmount();
+    }
+}
+
+/// Keeps the calling thread on `cpu`, so its FUSE requests go to that CPU's queue.
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and sched_setaffinity get
+    // a valid set of the size passed.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        let r = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        assert_eq!(
+            r,
+            0,
+            "pinning to CPU {cpu}: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 

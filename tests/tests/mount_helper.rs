@@ -457,7 +457,7 @@ fn the_options_asked_for_are_what_fsd_and_the_kernel_get() {
         &memnode,
         memnode.addr(),
         &format!(
-            "ro,noexec,noatime,nodiratime,cache=16M,block-size=16K,threads=2,\
+            "ro,noexec,noatime,nodiratime,cache=16M,block-size=16K,threads=2,ring_threads=2,\
              scrub_rate=0,flush_interval=2,connections=2,page_cache,stats_file={}",
             stats.display()
         ),
@@ -471,6 +471,7 @@ fn the_options_asked_for_are_what_fsd_and_the_kernel_get() {
         ("--cache", "16M"),
         ("--block-size", "16K"),
         ("--threads", "2"),
+        ("--ring-threads", "2"),
         ("--scrub-rate", "0"),
         ("--flush-interval", "2"),
         ("--connections", "2"),
@@ -604,6 +605,13 @@ fn a_bad_option_or_source_fails_the_mount_naming_it_and_mounts_nothing() {
             "threads=0".into(),
             32,
             "--threads and --connections must be between 1 and 64".into(),
+        ),
+        (
+            Via::CommandLine,
+            addr.into(),
+            "ring_threads=65".into(),
+            32,
+            "--ring-threads must be between 1 and 64".into(),
         ),
     ];
     for (via, source, options, code, says) in cases {

@@ -49,6 +49,15 @@ pub static RING_REQUESTS: AtomicU64 = AtomicU64::new(0);
 const ENABLE_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
 /// How long registration retries while the kernel finishes FUSE_INIT (EAGAIN).
 const REGISTER_PATIENCE: Duration = Duration::from_secs(10);
+/// Serving threads per queue unless told otherwise. One thread answers a request
+/// that comes while it is busy as soon as it is done (COMMIT_AND_FETCH hands it
+/// over at once), where a second thread would be woken for it: a sleep and a
+/// wakeup per request saved, which is what the CPUs of a loaded host run short of.
+/// On 2 cores, more readers than CPUs missing the cache ran 25-75% faster so (see
+/// docs/reference.md, "FUSE transports"), as libfuse serves the ring too. The
+/// price: a request that waits long holds up the others of its CPU's tasks until
+/// it is answered (`--ring-threads` gives more).
+pub const DEFAULT_THREADS_PER_QUEUE: usize = 1;
 /// Serving threads of all queues together, at most (each holds a payload buffer
 /// as large as the largest request).
 const MAX_RING_THREADS: usize = 64;
@@ -229,7 +238,7 @@ pub struct RingLauncher {
 
 impl RingLauncher {
     /// Makes the rings and buffers for `threads` serving threads on each of the
-    /// kernel's queues (fewer when that would pass [`MAX_RING_THREADS`], at least
+    /// kernel's per-CPU queues (fewer when that would pass [`MAX_RING_THREADS`], at least
     /// one), or says why it cannot. The threads wait for
     /// [`negotiate`](Self::negotiate).
     pub fn prepare<O: FuseOps>(

@@ -71,6 +71,7 @@ pub const SETTINGS: &[Setting] = &[
     valued("token_file", "--token-file"),
     valued("op_timeout", "--op-timeout"),
     valued("threads", "--threads"),
+    valued("ring_threads", "--ring-threads"),
     valued("connections", "--connections"),
     valued("flush_interval", "--flush-interval"),
     valued("transport", "--transport"),
@@ -289,7 +290,7 @@ mod tests {
         let o = parse(
             "rw,nosuid,cache=1G,_netdev,nofail,noauto,defaults,x-systemd.automount,\
              X-mount.mkdir,comment=hi,replicas=2,block-size=16K,writeback_cache,\
-             fuse_transport=classic,threads=2,scrub_rate=0,noatime,takeover,volume=v,\
+             fuse_transport=classic,threads=2,ring_threads=3,scrub_rate=0,noatime,takeover,volume=v,\
              log=/var/log/x.log,mount_timeout=30,transport=tcp,suid,allow_dev,allow_suid",
         );
         assert_eq!(o.mount, ["rw", "nosuid", "noatime", "suid", "dev", "suid"]);
@@ -307,6 +308,8 @@ mod tests {
                 "classic",
                 "--threads",
                 "2",
+                "--ring-threads",
+                "3",
                 "--scrub-rate",
                 "0",
                 "--takeover",

@@ -1,4 +1,4 @@
-//! `nullfs MOUNTPOINT [--threads N] [--direct-io | --page-cache | --writeback-cache]
+//! `nullfs MOUNTPOINT [--threads N] [--ring-threads N] [--direct-io | --page-cache | --writeback-cache]
 //! [--fuse-transport auto|io-uring|classic]`: a FUSE filesystem that keeps no data,
 //! for the benchmark only. It measures the ceiling FUSE itself puts on any FUSE
 //! filesystem on this host: writes are dropped (the file only grows), reads return
@@ -35,6 +35,11 @@ struct Options {
     #[arg(long, default_value_t = 4,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     threads: usize,
+    /// Serving threads per CPU queue of the io_uring transport (as fsd's
+    /// --ring-threads).
+    #[arg(long, default_value_t = fsd::fuse::ring::DEFAULT_THREADS_PER_QUEUE,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    ring_threads: usize,
     /// Bypass the kernel's page cache (the default, as fsd's --direct-io).
     #[arg(long, group = "cache_mode")]
     direct_io: bool,
@@ -64,6 +69,7 @@ fn run(opts: Options) -> anyhow::Result<()> {
     let serving = fsd::mount::Serving {
         transport: opts.fuse_transport,
         threads: opts.threads,
+        ring_threads: opts.ring_threads,
     };
     fsd::mount::Mounted::new(fs, &opts.mountpoint, &spec, serving, "nullfs", || {})?.run()?;
     log::info!("unmounted {}", opts.mountpoint.display());
