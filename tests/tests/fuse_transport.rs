@@ -192,24 +192,7 @@ fn sigterm_under_load_on_the_ring_answers_every_request_then_exits() {
     let data = Arc::new(Pattern::for_test("busy").bytes(0, 4 * MIB as usize));
     std::fs::write(mount.join("busy"), &*data).unwrap();
     let until = Instant::now() + Duration::from_secs(3);
-    let workers: Vec<_> = (0..4)
-        .map(|i| {
-            let path = if i % 2 == 0 {
-                mount.join("busy")
-            } else {
-                mount.join(format!("w{i}"))
-            };
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)
-                .unwrap();
-            let data = data.clone();
-            std::thread::spawn(move || busy(file, i % 2 == 0, &data, until))
-        })
-        .collect();
+    let workers = spawn_busy(&mount, "busy", &data, 4, until, None);
     std::thread::sleep(Duration::from_millis(500));
     assert!(ring_requests(&stats) > 0);
     mount.unmount(); // SIGTERM; asserts exit 0 and the mount gone
@@ -243,28 +226,7 @@ fn each_queue_has_the_ring_threads_asked_for_and_serves_more_tasks_than_that() {
         drop_page_cache();
         let before = ring_requests(&stats);
         let until = Instant::now() + Duration::from_secs(1);
-        let workers: Vec<_> = (0..8)
-            .map(|i| {
-                let path = if i % 2 == 0 {
-                    mount.join("one-cpu")
-                } else {
-                    mount.join(format!("one-cpu-w{i}"))
-                };
-                let file = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(&path)
-                    .unwrap();
-                let data = data.clone();
-                std::thread::spawn(move || {
-                    pin_to_cpu(0);
-                    busy(file, i % 2 == 0, &data, until)
-                })
-            })
-            .collect();
-        for w in workers {
+        for w in spawn_busy(&mount, "one-cpu", &data, 8, until, Some(0)) {
             assert!(
                 w.join().expect("a worker failed") > 0,
                 "a worker got nothing done"
@@ -273,6 +235,43 @@ fn each_queue_has_the_ring_threads_asked_for_and_serves_more_tasks_than_that() {
         assert!(ring_requests(&stats) > before, "the ring served none of it");
         mount.unmount();
     }
+}
+
+/// `n` threads busy on `mount` until `until`, each returning how much it did: the
+/// even ones read `name`, which holds `data`, the odd ones write files of their own;
+/// with `cpu`, all of them on that CPU.
+fn spawn_busy(
+    mount: &FsdMount,
+    name: &str,
+    data: &Arc<Vec<u8>>,
+    n: usize,
+    until: Instant,
+    cpu: Option<usize>,
+) -> Vec<std::thread::JoinHandle<usize>> {
+    (0..n)
+        .map(|i| {
+            let reader = i % 2 == 0;
+            let path = if reader {
+                mount.join(name)
+            } else {
+                mount.join(format!("{name}-w{i}"))
+            };
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .unwrap();
+            let data = data.clone();
+            std::thread::spawn(move || {
+                if let Some(cpu) = cpu {
+                    pin_to_cpu(cpu);
+                }
+                busy(file, reader, &data, until)
+            })
+        })
+        .collect()
 }
 
 /// Keeps the calling thread on `cpu`, so its FUSE requests go to that CPU's queue.
