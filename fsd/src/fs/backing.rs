@@ -139,9 +139,19 @@ impl RmemFs {
         let Some(entry) = m.blocks.get_mut(&key.1) else {
             return true;
         };
-        if entry.loc != *loc {
-            // Only a truncate, punch or delete changes a block's copies during its
-            // write-back, and those drop the block: nothing more to do.
+        // The block's copies now are those this write-back went to, less any that
+        // failed: a page written back in part sends one write per dirty run, all to
+        // the same copies, and the first of them to finish here drops a copy that
+        // failed for all (the others must still record their sums, or the copies left
+        // hold their bytes under older sums and fail their checksum). A copy this
+        // write-back did not go to means a truncate, punch or delete replaced the
+        // block meanwhile: nothing more to do.
+        if !entry
+            .loc
+            .replicas()
+            .iter()
+            .all(|r| loc.replicas().contains(r))
+        {
             return true;
         }
         let failed: Vec<_> = loc

@@ -196,3 +196,40 @@ fn copies_that_differ_in_a_page_without_a_sum_are_left_alone_and_counted() {
         "page 0 stays unsummed"
     );
 }
+
+#[test]
+fn a_page_written_back_in_runs_keeps_every_runs_sums_when_a_copy_fails() {
+    // A page with two separate dirty sectors of a written block is written back as
+    // two writes to the same two copies. With one copy's memnode gone (fsd not yet
+    // aware), both fail there: the first to finish drops that copy, and the second
+    // must still record its sums on the copy left, or that copy's page fails its
+    // checksum on the next read (found by fsx when a memnode died under it).
+    const BIG: u64 = 64 << 10;
+    let mut c = Cluster::with_watch(3, 2, 4, BIG, std::time::Duration::from_secs(3600));
+    let ino = c.fs.create(ROOT_INO, "f".as_ref(), 0o644, ME).unwrap().ino;
+    let mut want: Vec<u8> = (0..BIG).map(|i| (i * 7 % 251) as u8).collect();
+    c.fs.write(ino, 0, &want).unwrap();
+    c.fs.fsync(ino).unwrap();
+    for (sector, byte) in [(1u64, 0xa1u8), (3, 0xa3)] {
+        let at = (sector * 4096) as usize;
+        want[at..at + 4096].fill(byte);
+        c.fs.write(ino, at as u64, &want[at..at + 4096]).unwrap();
+    }
+    let gone = c.fs.ns.get(ino).unwrap().meta().blocks[&0].loc.replicas()[1].node as usize;
+    c.shut_down(gone);
+    assert!(
+        c.fs.remote().node_is_up(gone),
+        "fsd must not know yet that the memnode is gone"
+    );
+    c.fs.fsync(ino).unwrap();
+    assert!(
+        !c.fs.remote().node_is_up(gone),
+        "the write-back found it gone"
+    );
+    c.fs.cache().invalidate(ino, 0);
+    let back =
+        c.fs.read(ino, 0, BIG as u32)
+            .expect("the copy left reads back");
+    assert!(back == want, "the copy left holds other bytes");
+    assert_eq!(counter(&c, |k| &k.checksum_failures), 0);
+}

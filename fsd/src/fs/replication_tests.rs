@@ -43,6 +43,23 @@ impl Cluster {
         cache_blocks: u64,
         bs: u64,
     ) -> Cluster {
+        Cluster::with_watch(
+            count,
+            replicas,
+            cache_blocks,
+            bs,
+            Duration::from_millis(100),
+        )
+    }
+
+    /// As [`Cluster::with_block_size`], with fsd probing its memnodes every `watch`.
+    pub(super) fn with_watch(
+        count: usize,
+        replicas: usize,
+        cache_blocks: u64,
+        bs: u64,
+        watch: Duration,
+    ) -> Cluster {
         let nodes: Vec<_> = (0..count)
             .map(|_| Some(start_node("127.0.0.1:0")))
             .collect();
@@ -62,7 +79,7 @@ impl Cluster {
                 client_id: 9,
                 token: Vec::new(),
                 replicas,
-                watch_interval: Duration::from_millis(100),
+                watch_interval: watch,
                 volume: None,
             },
             connect,
@@ -79,6 +96,12 @@ impl Cluster {
             assert!(Instant::now() < deadline, "memnode {i} was not marked down");
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Shuts memnode `i` down without waiting for fsd to notice: fsd learns of it
+    /// from the next operation that goes there (or its next probe).
+    pub(super) fn shut_down(&mut self, i: usize) {
+        self.nodes[i].take().expect("node running").shutdown();
     }
 
     fn restart(&mut self, i: usize) {
