@@ -53,7 +53,7 @@ const REGISTER_PATIENCE: Duration = Duration::from_secs(10);
 /// that comes while it is busy as soon as it is done (COMMIT_AND_FETCH hands it
 /// over at once), where a second thread would be woken for it: a sleep and a
 /// wakeup per request saved, which is what the CPUs of a loaded host run short of.
-/// On 2 cores, more readers than CPUs missing the cache ran 25-75% faster so (see
+/// On 2 cores, more readers than CPUs missing the cache ran 19-63% faster so (see
 /// docs/reference.md, "FUSE transports"), as libfuse serves the ring too. The
 /// price: a request that waits long holds up the others of its CPU's tasks until
 /// it is answered (`--ring-threads` gives more).
