@@ -144,14 +144,15 @@ impl RmemFs {
         // the same copies, and the first of them to finish here drops a copy that
         // failed for all (the others must still record their sums, or the copies left
         // hold their bytes under older sums and fail their checksum). A copy this
-        // write-back did not go to means a truncate, punch or delete replaced the
-        // block meanwhile: nothing more to do.
-        if !entry
-            .loc
-            .replicas()
-            .iter()
-            .all(|r| loc.replicas().contains(r))
-        {
+        // write-back did not go to, or copies of another size, mean a truncate,
+        // punch or delete replaced the block meanwhile: nothing more to do.
+        let same_block = entry.loc.bytes() == loc.bytes()
+            && entry
+                .loc
+                .replicas()
+                .iter()
+                .all(|r| loc.replicas().contains(r));
+        if !same_block {
             return true;
         }
         let failed: Vec<_> = loc
