@@ -345,6 +345,18 @@ impl FsdMount {
         self.stderr.text()
     }
 
+    /// fsd's stderr once it holds `needle`, waiting up to 10 s for it: some lines
+    /// come after `fsd mounted` (the transport's comes at FUSE_INIT, which the kernel
+    /// sends after the mount), and a reader thread copies them. Without it, all of
+    /// stderr so far; the caller's assert names what was missing.
+    pub fn stderr_with(&self, needle: &str) -> String {
+        poll_until(Duration::from_secs(10), || {
+            let text = self.stderr();
+            text.contains(needle).then_some(text)
+        })
+        .unwrap_or_else(|| self.stderr())
+    }
+
     /// fsd's resident set size (VmRSS in /proc/PID/status), in bytes.
     pub fn rss_bytes(&self) -> u64 {
         let path = format!("/proc/{}/status", self.pid());

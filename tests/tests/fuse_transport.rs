@@ -115,7 +115,7 @@ fn the_ring_serves_a_mount_that_asks_for_it_with_exact_data() {
         after >= 64 * 2 + 100,
         "the ring answered only {after} requests"
     );
-    let log = mount.stderr();
+    let log = mount.stderr_with("FUSE transport: io_uring");
     assert!(
         log.contains("FUSE transport: io_uring"),
         "fsd should say the ring serves the mount; stderr:\n{log}"
@@ -130,9 +130,8 @@ fn the_classic_loop_serves_a_mount_that_asks_for_it() {
     let mount = FsdMount::start(&args(&stats, "classic"));
     round_trip(&mount, "classic-data");
     assert_eq!(ring_requests(&stats), 0, "no request goes through a ring");
-    assert!(mount
-        .stderr()
-        .contains("FUSE transport: /dev/fuse (--fuse-transport classic)"));
+    let line = "FUSE transport: /dev/fuse (--fuse-transport classic)";
+    assert!(mount.stderr_with(line).contains(line));
     mount.unmount();
 }
 
@@ -146,7 +145,7 @@ fn with_the_parameter_off_auto_falls_back_and_io_uring_refuses() {
     let mount = FsdMount::start(&args(&stats, "auto"));
     round_trip(&mount, "fallback-data");
     assert_eq!(ring_requests(&stats), 0);
-    let log = mount.stderr();
+    let log = mount.stderr_with("FUSE transport: /dev/fuse");
     assert!(
         log.contains("FUSE transport: /dev/fuse") && log.contains("enable_uring is N"),
         "fsd should say in one line that /dev/fuse serves and why; stderr:\n{log}"
@@ -172,7 +171,7 @@ fn with_io_uring_disabled_by_sysctl_auto_falls_back() {
     let mount = FsdMount::start(&args(&stats, "auto"));
     round_trip(&mount, "no-io-uring-data");
     assert_eq!(ring_requests(&stats), 0);
-    let log = mount.stderr();
+    let log = mount.stderr_with("FUSE transport: /dev/fuse");
     assert!(
         log.contains("FUSE transport: /dev/fuse") && log.contains("io_uring is unavailable"),
         "fsd should say in one line that /dev/fuse serves and why; stderr:\n{log}"
@@ -216,9 +215,10 @@ fn each_queue_has_the_ring_threads_asked_for_and_serves_more_tasks_than_that() {
             a.extend(["--ring-threads", n]);
         }
         let mount = FsdMount::start(&a);
-        let log = mount.stderr();
+        let line = format!(" queues x {per_queue} threads)");
+        let log = mount.stderr_with(&line);
         assert!(
-            log.contains(&format!(" queues x {per_queue} threads)")),
+            log.contains(&line),
             "--ring-threads {flag:?}: expected {per_queue} threads per queue; stderr:\n{log}"
         );
         let data = Arc::new(Pattern::for_test("one-cpu").bytes(0, 4 * MIB as usize));

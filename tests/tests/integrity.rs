@@ -94,7 +94,8 @@ fn a_damaged_copy_is_read_past_and_repaired_with_two_copies() {
         "the repaired copy passes: {s}"
     );
     assert!(
-        fsd.stderr().contains("checksum mismatch"),
+        fsd.stderr_with("checksum mismatch")
+            .contains("checksum mismatch"),
         "fsd logged the failure"
     );
     fsd.unmount();
