@@ -3,6 +3,14 @@
 use clap::Parser;
 use fsd::daemon::{run, Options};
 
+/// mimalloc rather than glibc's malloc: a 4 KiB read that misses the cache makes a
+/// few dozen small short-lived allocations (the cache's, the remote store's and the
+/// fabric's batches), which glibc's allocator spent about 5% of fsd's time on. Four
+/// fio jobs of such reads, pinned two per CPU (2 cores, 8 runs each): median 58.5k
+/// IOPS with glibc's, 61.0k with mimalloc.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let opts = Options::parse();
