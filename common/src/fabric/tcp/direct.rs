@@ -207,6 +207,11 @@ impl PollSlots {
         }
     }
 
+    /// True while requests keep changing connection (see [`PollSlots::request_on`]).
+    pub fn crowded(&self) -> bool {
+        clock() < self.crowded_until.load(Ordering::Relaxed)
+    }
+
     fn quiet_at(&self, now: u64) -> bool {
         now < self.quiet_until.load(Ordering::Relaxed)
     }

@@ -18,6 +18,7 @@
 pub mod client;
 mod direct;
 pub mod listener;
+mod placement;
 pub mod registry;
 pub mod server;
 pub mod wire;

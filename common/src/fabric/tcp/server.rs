@@ -12,6 +12,7 @@
 //! client's memory.
 
 use super::direct;
+use super::placement::Placement;
 use super::registry::TcpRegistry;
 use super::wire::*;
 use crate::fabric::{AccessError, ConnectionState, ControlHandler, Server, MAX_DATA_OP};
@@ -440,6 +441,7 @@ fn serve(stream: TcpStream, conn: &mut ConnectionState, s: &Services) -> Result<
     };
     let mut buf: Vec<u8> = Vec::new();
     let mut header = [0u8; REQUEST_HEADER_LEN];
+    let mut placement = Placement::of_current_thread();
     loop {
         // Send completions out before blocking for more requests, so pipelined
         // requests share writes but nothing sits in the buffer while we wait.
@@ -450,6 +452,7 @@ fn serve(stream: TcpStream, conn: &mut ConnectionState, s: &Services) -> Result<
             return Ok(());
         }
         POLLERS.request_on(conn.conn_id);
+        placement.after_request(r.r.get_ref().as_fd(), POLLERS.crowded());
         r.rest(&mut header, "request header")?;
         let h = RequestHeader::decode(&header).ok_or("bad magic: not an rmemfs client")?;
         let len = h.len as usize;
