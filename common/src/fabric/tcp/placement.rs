@@ -110,13 +110,14 @@ impl Placement {
     }
 
     /// Called for each request of the connection on `fd`: every [`RECHECK_EVERY`]
-    /// requests, moves the thread to where [`target`] says.
-    pub fn after_request(&mut self, fd: BorrowedFd<'_>, crowded: bool) {
+    /// requests, asks `crowded` and moves the thread to where [`target`] says.
+    pub fn after_request(&mut self, fd: BorrowedFd<'_>, crowded: impl FnOnce() -> bool) {
         self.requests = self.requests.wrapping_add(1);
         if self.requests % RECHECK_EVERY != 1 {
             return;
         }
         let Some(home) = &self.home else { return };
+        let crowded = crowded();
         let incoming = if crowded { incoming_cpu(fd) } else { None };
         let want = target(crowded, incoming, home);
         if want == self.pinned {
@@ -181,7 +182,7 @@ mod tests {
             s.read_exact(&mut b).unwrap();
             let home = CpuSet::of_current_thread().unwrap();
             let mut p = Placement::of_current_thread();
-            p.after_request(server.as_fd(), true);
+            p.after_request(server.as_fd(), || true);
             let incoming = incoming_cpu(server.as_fd()).expect("loopback names the CPU");
             assert_eq!(p.pinned, Some(incoming));
             let now = CpuSet::of_current_thread().unwrap();
@@ -190,10 +191,10 @@ mod tests {
             assert_eq!(unsafe { libc::CPU_COUNT(&now.0) }, 1, "pinned to one CPU");
             // Not looked at again until RECHECK_EVERY more requests.
             for _ in 1..RECHECK_EVERY {
-                p.after_request(server.as_fd(), false);
+                p.after_request(server.as_fd(), || false);
             }
             assert_eq!(p.pinned, Some(incoming));
-            p.after_request(server.as_fd(), false);
+            p.after_request(server.as_fd(), || false);
             assert_eq!(p.pinned, None, "back home once not crowded");
             let back = CpuSet::of_current_thread().unwrap();
             // SAFETY: as above.

@@ -452,7 +452,7 @@ fn serve(stream: TcpStream, conn: &mut ConnectionState, s: &Services) -> Result<
             return Ok(());
         }
         POLLERS.request_on(conn.conn_id);
-        placement.after_request(r.r.get_ref().as_fd(), POLLERS.crowded());
+        placement.after_request(r.r.get_ref().as_fd(), || POLLERS.crowded());
         r.rest(&mut header, "request header")?;
         let h = RequestHeader::decode(&header).ok_or("bad magic: not an rmemfs client")?;
         let len = h.len as usize;
