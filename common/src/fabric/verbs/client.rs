@@ -327,11 +327,37 @@ fn poll_loop(inner: &Inner) {
         }
         match inner.channel.next(Duration::ZERO) {
             Ok(Some(ev)) => {
+                drain_before_disconnect(inner, &mut wcs);
                 let mut st = lock(&inner.state);
                 inner.kill(&mut st, format!("connection event {}", ev.describe()));
             }
             Ok(None) => {}
             Err(e) => log::debug!("rdma_cm channel of {}: {e}", inner.peer),
+        }
+    }
+}
+
+/// How long completions are still taken in once the peer's disconnect is seen.
+const DISCONNECT_GRACE: Duration = Duration::from_millis(50);
+
+/// Takes in the completions that came before the peer's disconnect: a reply the
+/// memnode sent just before it closed must reach its call, not be lost to the
+/// disconnect. The connection event comes on its own channel, so it can be seen
+/// before the receive's completion is polled (Soft-RoCE did so now and then);
+/// polls until a look finds nothing after [`DISCONNECT_GRACE`] / 5, at most for
+/// [`DISCONNECT_GRACE`].
+fn drain_before_disconnect(inner: &Inner, wcs: &mut Vec<Wc>) {
+    let start = Instant::now();
+    let tick = DISCONNECT_GRACE / 5;
+    while start.elapsed() < DISCONNECT_GRACE {
+        if lock(&inner.cq).wait(wcs, tick).is_err() {
+            return;
+        }
+        if wcs.is_empty() && start.elapsed() >= tick {
+            return;
+        }
+        for wc in wcs.iter() {
+            inner.on_completion(wc);
         }
     }
 }
