@@ -1,8 +1,9 @@
 //! The page cache: file blocks held locally, LRU, with write-back.
 //!
-//! A page holds one whole block of one file, keyed by `(inode, block index)`. Its bytes
-//! live in a buffer from a bounded pool (`capacity` buffers of `block_size` bytes), so
-//! fsd's memory for data is bounded by `--cache` however large the files are.
+//! A page holds one block of one file, keyed by `(inode, block index)`. Its bytes live
+//! in a buffer from a bounded pool (`--cache` bytes of buffers of `block_size` bytes,
+//! or of a sector's for sector pages, below), so fsd's memory for data is bounded by
+//! `--cache` however large the files are.
 //!
 //! A page need not hold all of its block: it tracks which *sectors* of it are valid
 //! (sector = max(4 KiB, block size / 64), at most 64 per block, one bit each). A write
@@ -12,6 +13,18 @@
 //! they are needed, straight into the page's buffer, one remote read per run of
 //! consecutive missing bytes (never over a valid sector or a part): before a read of
 //! them and before a write-back of the whole block.
+//!
+//! A random read that misses makes a *sector page*: a page that holds the sectors
+//! random reads of one sector each have read, each in a buffer of its own (from a
+//! second slab, of sector-sized buffers), rather than a buffer of the whole block, so
+//! the cache's memory holds as many randomly read sectors as it has room for (with
+//! 64 KiB blocks and 4 KiB reads, up to 16 times as many as whole-block pages
+//! would). Memory is counted in bytes: `--cache` bounds what block and sector
+//! buffers take together. A sector page serves and takes in reads of one sector
+//! each, up to half its block's sectors; anything else done to its block (a read
+//! of more, a write, a stream's load, a flush) first gives it a buffer of the whole
+//! block, its sectors copied in. It is never dirty, since only a read makes one and
+//! a write gives it a whole buffer first.
 //!
 //! A write that ends inside a sector the page does not hold keeps what it wrote there
 //! as a *part* of that sector (a byte range, dirty), and the rest of the sector is
@@ -154,7 +167,11 @@ pub struct CacheCounters {
 }
 
 struct PageState {
+    /// The block's bytes; empty for a sector page.
     buf: PageBuf,
+    /// A sector page's sectors (see the module comment): each one's start in the
+    /// block and its buffer. Empty for a page with a buffer of the whole block.
+    sectors: Vec<(usize, PageBuf)>,
     /// Bit `i`: sector `i` of `buf` holds the block's content.
     valid: u64,
     /// Bit `i`: sector `i` is newer than remote memory (always within `valid`).
@@ -172,6 +189,21 @@ struct PageState {
 }
 
 impl PageState {
+    /// Bytes of the page's buffers.
+    fn held(&self) -> usize {
+        self.buf.len() + self.sectors.iter().map(|(_, b)| b.len()).sum::<usize>()
+    }
+
+    /// Takes the page's buffers out of it (it is leaving the cache).
+    fn take_bufs(&mut self) -> impl Iterator<Item = PageBuf> {
+        let whole = std::mem::take(&mut self.buf);
+        let sectors = std::mem::take(&mut self.sectors);
+        (!whole.is_empty())
+            .then_some(whole)
+            .into_iter()
+            .chain(sectors.into_iter().map(|(_, b)| b))
+    }
+
     /// Whether the page holds anything newer than remote memory.
     fn is_dirty(&self) -> bool {
         self.dirty != 0 || !self.parts.is_empty()
@@ -267,10 +299,13 @@ struct Index {
     lru: LruCache<PageKey, Arc<Page>>,
     evicting: HashMap<PageKey, Arc<Page>>,
     by_inode: HashMap<u64, BTreeSet<u64>>,
-    /// Buffers not in any page, ready for reuse.
+    /// Block buffers not in any page, ready for reuse.
     spare: Vec<PageBuf>,
-    /// Buffers in existence (in pages or spare).
-    buffers: usize,
+    /// Sector buffers not in any page, ready for reuse.
+    spare_sectors: Vec<PageBuf>,
+    /// Bytes of the buffers in existence (in pages or spare): at most the cache's
+    /// `budget` but for brief overshoots (see the module comment).
+    held: usize,
 }
 
 impl Index {
@@ -400,11 +435,16 @@ pub fn sector_size(block_size: usize) -> usize {
 }
 
 pub struct PageCache {
+    /// Block buffers the cache's memory holds.
     capacity: usize,
+    /// Bytes of buffers the cache holds: `capacity` blocks.
+    budget: usize,
     sectors: Sectors,
     /// Bytes per checksum ([`SUM_UNIT`]).
     sum_unit: usize,
     slab: Slab,
+    /// Buffers of sector pages.
+    sector_slab: Slab,
     index: Mutex<Index>,
     /// Set by an eviction round or a queued write-behind: the cleaner has work (see
     /// [`PageCache::wait_for_work`]).
@@ -430,17 +470,28 @@ impl PageCache {
     /// at most 64).
     pub fn with_sector_size(capacity_bytes: u64, block_size: usize, sector: usize) -> PageCache {
         let capacity = ((capacity_bytes / block_size as u64) as usize).max(2);
+        let budget = capacity * block_size;
+        let sectors = Sectors::new(block_size, sector);
+        // A block of one sector has no sector pages.
+        let sector_slots = if sector < block_size {
+            budget / sector
+        } else {
+            0
+        };
         PageCache {
             capacity,
-            sectors: Sectors::new(block_size, sector),
+            budget,
+            sectors,
             sum_unit: SUM_UNIT,
             slab: Slab::new(capacity, block_size),
+            sector_slab: Slab::new(sector_slots, sector),
             index: Mutex::new(Index {
                 lru: LruCache::unbounded(),
                 evicting: HashMap::new(),
                 by_inode: HashMap::new(),
                 spare: Vec::new(),
-                buffers: 0,
+                spare_sectors: Vec::new(),
+                held: 0,
             }),
             evicting_now: Mutex::new(false),
             evicted: Condvar::new(),
@@ -463,7 +514,8 @@ impl PageCache {
 
     /// Registers the page buffers with the fabric once (see `buffers`).
     pub fn register_with_fabric(&self) -> Result<(), rmemfs_common::fabric::FabricError> {
-        self.slab.register_with_fabric()
+        self.slab.register_with_fabric()?;
+        self.sector_slab.register_with_fabric()
     }
 
     /// Pages handled per locked group: small enough that a group never holds a large
@@ -472,15 +524,139 @@ impl PageCache {
         (self.capacity / 4).clamp(1, 64)
     }
 
-    /// Returns the page for `key`, creating it (holding nothing) if needed, evicting as needed.
-    /// Must be called with no page mutex held.
-    fn acquire(&self, backing: &dyn Backing, key: PageKey) -> Arc<Page> {
-        // Set when an eviction round freed nothing (every victim busy): allocate
-        // instead of spinning on the same busy pages.
-        let mut overshoot = false;
+    /// A buffer of `len` bytes (a block's or a sector's) for a page: a spare one, or a
+    /// new one if the budget has room for it (spare buffers of the other size are
+    /// dropped to make room) or `force` says to go over it.
+    fn take_buf(&self, idx: &mut Index, len: usize, force: bool) -> Option<PageBuf> {
+        let (same, other, slab) = if len == self.sectors.block_len() {
+            (&mut idx.spare, &mut idx.spare_sectors, &self.slab)
+        } else {
+            (&mut idx.spare_sectors, &mut idx.spare, &self.sector_slab)
+        };
+        if let Some(b) = same.pop() {
+            return Some(b);
+        }
+        while idx.held + len > self.budget {
+            let Some(b) = other.pop() else { break };
+            idx.held -= b.len();
+        }
+        if idx.held + len <= self.budget || force {
+            idx.held += len;
+            return Some(slab.take());
+        }
+        None
+    }
+
+    /// Takes back the buffer of a page that left the cache (or of a sector page that
+    /// got a whole block's): kept for reuse while the cache is within its budget.
+    fn put_buf(&self, idx: &mut Index, buf: PageBuf) {
+        if idx.held > self.budget {
+            idx.held -= buf.len();
+        } else if buf.len() == self.sectors.block_len() {
+            idx.spare.push(buf);
+        } else {
+            idx.spare_sectors.push(buf);
+        }
+    }
+
+    /// Evicts until the cache's buffers are within its budget again, after sector pages
+    /// took more memory while their locks were held. Pages in use are skipped. Must be
+    /// called with no page mutex held.
+    fn shrink(&self, backing: &dyn Backing) {
         loop {
             let victims = {
                 let mut idx = lock(&self.index);
+                while idx.held > self.budget {
+                    let Some(b) = idx.spare.pop().or_else(|| idx.spare_sectors.pop()) else {
+                        break;
+                    };
+                    idx.held -= b.len();
+                }
+                let mut victims = Vec::new();
+                while idx.held > self.budget && victims.len() < EVICT_BATCH {
+                    let Some((k, p)) = idx.lru.pop_lru() else {
+                        break;
+                    };
+                    idx.evicting.insert(k, p.clone());
+                    victims.push(p);
+                }
+                victims
+            };
+            if victims.is_empty() || self.evict(backing, victims) == 0 {
+                return;
+            }
+        }
+    }
+
+    /// A buffer for a sector page (locked by the caller) to take in another sector.
+    /// May take the cache briefly over its budget: it cannot evict while the caller
+    /// holds page locks; [`PageCache::shrink`] evicts for it once they are let go.
+    fn take_sector_buf(&self) -> PageBuf {
+        let mut idx = lock(&self.index);
+        self.take_buf(&mut idx, self.sectors.len, true)
+            .expect("a forced take always gives a buffer")
+    }
+
+    /// Gives a sector page (locked by the caller) a buffer of its whole block, with its
+    /// sectors copied in. May go over the budget as [`PageCache::take_sector_buf`] does.
+    fn promote(&self, g: &mut PageState) {
+        let mut idx = lock(&self.index);
+        let mut whole = self
+            .take_buf(&mut idx, self.sectors.block_len(), true)
+            .expect("a forced take always gives a buffer");
+        for (at, buf) in std::mem::take(&mut g.sectors) {
+            whole[at..at + buf.len()].copy_from_slice(&buf);
+            self.put_buf(&mut idx, buf);
+        }
+        g.buf = whole;
+    }
+
+    /// The sector a fill reads, if it is a random read of one sector and the block
+    /// has several: such a read makes or uses a sector page. Returns its start.
+    fn sector_read(&self, how: Fill) -> Option<usize> {
+        let Fill::Read { from, to } = how else {
+            return None;
+        };
+        let touched = self.sectors.of(from, to).1;
+        (self.sectors.full != 1 && touched.count_ones() == 1)
+            .then(|| touched.trailing_zeros() as usize * self.sectors.len)
+    }
+
+    /// Readies sector page `g` (locked by the caller) for `how`: with `sector_pages`
+    /// and a read of one sector it holds, or a new one while it holds fewer than half
+    /// its block's, it stays a sector page (with a buffer, not yet valid, for a new
+    /// sector); otherwise it gets a buffer of the whole block.
+    fn ready_sector_page(&self, g: &mut PageState, how: Fill, sector_pages: bool) {
+        let read = self.sector_read(how).filter(|_| sector_pages);
+        match read {
+            Some(at) if g.sectors.iter().any(|(s, _)| *s == at) => {}
+            Some(at) if g.sectors.len() < self.sectors.full.count_ones() as usize / 2 => {
+                let buf = self.take_sector_buf();
+                g.sectors.push((at, buf));
+            }
+            _ => self.promote(g),
+        }
+    }
+
+    /// Returns the page for `key`, creating it (holding nothing) if needed, evicting as
+    /// needed: a sector page of the sector starting at `sector` if given, else a page of
+    /// the whole block. Must be called with no page mutex held.
+    fn acquire(&self, backing: &dyn Backing, key: PageKey, sector: Option<usize>) -> Arc<Page> {
+        // Set when an eviction round freed nothing (every victim busy): allocate
+        // instead of spinning on the same busy pages.
+        let mut overshoot = false;
+        // Over budget (a sector page grew, and its access failed before it shrank the
+        // cache): evict for it first, once.
+        let mut shrunk = false;
+        loop {
+            let victims = {
+                let mut idx = lock(&self.index);
+                if idx.held > self.budget && !shrunk {
+                    drop(idx);
+                    self.shrink(backing);
+                    shrunk = true;
+                    continue;
+                }
                 if let Some(p) = idx.lru.get(&key) {
                     self.counters.hits.fetch_add(1, Ordering::Relaxed);
                     return p.clone();
@@ -491,22 +667,24 @@ impl PageCache {
                     idx.lru.put(key, p.clone());
                     return p;
                 }
-                let buf = if let Some(b) = idx.spare.pop() {
-                    Some(b)
-                } else if idx.buffers < self.capacity || idx.lru.is_empty() || overshoot {
-                    // Under capacity, or nothing left to evict (everything is in flight):
-                    // allocate rather than wait, see the module comment.
-                    idx.buffers += 1;
-                    Some(self.slab.take())
-                } else {
-                    None
+                let len = match sector {
+                    Some(_) => self.sectors.len,
+                    None => self.sectors.block_len(),
                 };
-                if let Some(buf) = buf {
+                // With nothing left to evict (everything is in flight), allocate
+                // rather than wait: see the module comment.
+                let force = idx.lru.is_empty() || overshoot;
+                if let Some(buf) = self.take_buf(&mut idx, len, force) {
                     self.counters.misses.fetch_add(1, Ordering::Relaxed);
+                    let (buf, sectors) = match sector {
+                        Some(at) => (PageBuf::default(), vec![(at, buf)]),
+                        None => (buf, Vec::new()),
+                    };
                     let page = Arc::new(Page {
                         key,
                         state: Mutex::new(PageState {
                             buf,
+                            sectors,
                             valid: 0,
                             dirty: 0,
                             parts: Vec::new(),
@@ -583,14 +761,11 @@ impl PageCache {
             if Arc::strong_count(page) == 1 {
                 state.valid = 0;
                 state.parts.clear();
-                let buf = std::mem::take(&mut state.buf);
-                if idx.buffers <= self.capacity {
-                    idx.spare.push(buf);
-                } else {
-                    idx.buffers -= 1;
+                for buf in state.take_bufs() {
+                    self.put_buf(&mut idx, buf);
                 }
             } else {
-                idx.buffers -= 1;
+                idx.held -= state.held();
             }
         }
         for p in busy {
@@ -728,6 +903,17 @@ impl PageCache {
             if lacks != full && lacks != 0 {
                 self.counters.partial_fills.fetch_add(1, Ordering::Relaxed);
             }
+            if !s.sectors.is_empty() {
+                // A sector page (no parts): each sector it lacks into its own buffer.
+                // It is only ever asked for sectors it has buffers for.
+                for (at, buf) in s.sectors.iter_mut() {
+                    if lacks & self.sectors.bit_of(*at) != 0 {
+                        batch.push((*key, *at, &mut buf[..]));
+                        owner.push(n);
+                    }
+                }
+                continue;
+            }
             // Split the buffer into the runs to load, front to back.
             let gaps = self.sectors.gaps(lacks, &s.parts);
             for run in &gaps {
@@ -786,6 +972,7 @@ impl PageCache {
     /// for the bytes `f` reads or overwrites. Blocks to load are loaded in one batch
     /// per group. `f` sets `*dirty` (false when called) if it changed bytes: the
     /// sectors the fill names ([`Fill::Read`], [`Fill::Write`]), or all, become dirty.
+    /// `bytes` is the whole block.
     pub fn access<F>(
         &self,
         backing: &dyn Backing,
@@ -797,15 +984,62 @@ impl PageCache {
     where
         F: FnMut(u64, &mut [u8], &mut bool) -> Result<(), FsError>,
     {
+        // Without sector pages every buffer is the whole block (its base is 0).
+        self.access_pages(backing, ino, idxs, fill, false, |i, _, bytes, dirty| {
+            f(i, bytes, dirty)
+        })
+    }
+
+    /// As [`PageCache::access`] for a read, which changes nothing: runs `f(block
+    /// index, base, bytes)` where `bytes` are bytes `base..` of the block and hold at
+    /// least those the fill names. A [`Fill::Read`] of one sector of a block with no
+    /// page makes a sector page, and one of a sector page's own sector uses it as it
+    /// is (see the module comment).
+    pub fn read<F>(
+        &self,
+        backing: &dyn Backing,
+        ino: u64,
+        idxs: Range<u64>,
+        fill: impl Fn(u64) -> Fill,
+        mut f: F,
+    ) -> Result<(), FsError>
+    where
+        F: FnMut(u64, usize, &[u8]) -> Result<(), FsError>,
+    {
+        self.access_pages(backing, ino, idxs, fill, true, |i, base, bytes, _| {
+            f(i, base, bytes)
+        })
+    }
+
+    /// [`PageCache::access`] and [`PageCache::read`]: with `sector_pages`, `f` gets a
+    /// sector page's buffer and its base where the fill reads only its sector.
+    fn access_pages<F>(
+        &self,
+        backing: &dyn Backing,
+        ino: u64,
+        idxs: Range<u64>,
+        fill: impl Fn(u64) -> Fill,
+        sector_pages: bool,
+        mut f: F,
+    ) -> Result<(), FsError>
+    where
+        F: FnMut(u64, usize, &mut [u8], &mut bool) -> Result<(), FsError>,
+    {
         let group = self.group_len() as u64;
         let mut start = idxs.start;
         while start < idxs.end {
             let end = (start + group).min(idxs.end);
+            // How each page is to be filled.
+            let hows: Vec<Fill> = (start..end).map(&fill).collect();
             // Acquire every page before locking any: acquiring may evict, and evicting
             // must not happen while we hold page locks. A page evicted between its
             // acquisition and our lock is dead: start the group again.
             let pages: Vec<Arc<Page>> = (start..end)
-                .map(|i| self.acquire(backing, (ino, i)))
+                .zip(&hows)
+                .map(|(i, &how)| {
+                    let sector = self.sector_read(how).filter(|_| sector_pages);
+                    self.acquire(backing, (ino, i), sector)
+                })
                 .collect();
             let mut guards: Vec<MutexGuard<'_, PageState>> =
                 pages.iter().map(|p| lock(&p.state)).collect();
@@ -814,12 +1048,17 @@ impl PageCache {
                 continue; // lost a race with eviction; redo this group
             }
             let full = self.sectors.full;
+            let mut grew = false;
+            for (g, &how) in guards.iter_mut().zip(&hows) {
+                if !g.sectors.is_empty() {
+                    self.ready_sector_page(g, how, sector_pages);
+                    grew = true;
+                }
+            }
             // Sectors each page gains from the callback: those it overwrites whole.
             let mut gains = vec![0u64; guards.len()];
             // Sectors the callback may change: those that become dirty if it says so.
             let mut touches = vec![full; guards.len()];
-            // How each page is to be filled.
-            let hows: Vec<Fill> = (start..end).map(&fill).collect();
             // Sectors of a write's ends that the page lacks, whose new bytes join the
             // sector's part, with the bytes written.
             let mut joins: Vec<(u64, Range<usize>)> = vec![(0, 0..0); guards.len()];
@@ -885,15 +1124,28 @@ impl PageCache {
             for (n, g) in guards.iter_mut().enumerate() {
                 let g = &mut **g;
                 let mut dirty = false;
-                let result = f(start + n as u64, &mut g.buf, &mut dirty);
+                let result = match self.sector_read(hows[n]) {
+                    // A sector page: the buffer of the sector read.
+                    Some(at) if !g.sectors.is_empty() => {
+                        let (at, buf) = g
+                            .sectors
+                            .iter_mut()
+                            .find(|(s, _)| *s == at)
+                            .expect("a sector page holds the sector it reads");
+                        f(start + n as u64, *at, &mut buf[..], &mut dirty)
+                    }
+                    _ => f(start + n as u64, 0, &mut g.buf, &mut dirty),
+                };
                 if dirty {
                     // Checksums of what the callback wrote, while it is hot; it may
-                    // have changed anything the fill names.
+                    // have changed anything the fill names. (Only `read` gets sector
+                    // pages, and it writes nothing.)
                     let unit = self.sum_unit;
+                    let block = 0..self.sectors.block_len();
                     match hows[n] {
-                        Fill::Overwrite => g.sum_written(0..g.buf.len(), unit),
+                        Fill::Overwrite => g.sum_written(block, unit),
                         Fill::Write { from, to } => g.sum_written(from..to, unit),
-                        _ => g.forget_sums(0..g.buf.len(), unit),
+                        _ => g.forget_sums(block, unit),
                     }
                 }
                 // What the callback wrote in full (Overwrite, Write) is now content.
@@ -912,7 +1164,17 @@ impl PageCache {
                     }
                     g.dirty |= touches[n];
                 }
-                result?;
+                if result.is_err() {
+                    drop(guards);
+                    if grew {
+                        self.shrink(backing);
+                    }
+                    return result;
+                }
+            }
+            drop(guards);
+            if grew {
+                self.shrink(backing);
             }
             start = end;
         }
@@ -983,15 +1245,18 @@ impl PageCache {
                 }
                 idx.forget_key(p.key);
             }
-            idx.buffers -= pages.len();
             pages
         };
+        let mut freed = 0;
         for p in pages {
             let mut g = lock(&p.state);
             g.clean();
             g.valid = 0;
             g.live = false;
+            freed += g.held();
         }
+        // The buffers go with the pages.
+        lock(&self.index).held -= freed;
     }
 
     /// Makes the clean pages of blocks `blocks` of `ino` the next to be evicted, the
@@ -1080,6 +1345,18 @@ impl PageCache {
     /// Pages currently cached.
     pub fn cached_pages(&self) -> usize {
         lock(&self.index).lru.len()
+    }
+
+    /// Bytes of the buffers of the cache's pages and spare buffers.
+    #[cfg(test)]
+    fn held_bytes(&self) -> usize {
+        lock(&self.index).held
+    }
+
+    /// The cache's memory in use, in blocks: the bytes of the buffers of its pages
+    /// and spare buffers (a sector page's is a sector), over the block size.
+    pub fn held_blocks(&self) -> usize {
+        lock(&self.index).held / self.sectors.block_len()
     }
 
     /// Wakes the cleaner's [`PageCache::wait_for_work`].

@@ -655,7 +655,7 @@ impl RmemFs {
             from as usize..to as usize
         };
         let mut done = 0usize;
-        self.cache.access(
+        self.cache.read(
             self,
             ino,
             first..load_end,
@@ -674,9 +674,11 @@ impl RmemFs {
                     }
                 }
             },
-            |i, buf, _| {
+            |i, base, buf| {
                 if i <= last {
-                    let part = &buf[wanted(i)];
+                    // A sector page's buffer starts at its sector (`base`).
+                    let r = wanted(i);
+                    let part = &buf[r.start - base..r.end - base];
                     dst[done..done + part.len()].copy_from_slice(part);
                     done += part.len();
                 }

@@ -192,7 +192,7 @@ impl Collector for FsdCollector {
         family::gauge(
             e,
             "rmemfs_cache_pages",
-            "Blocks in the cache.",
+            "The cache's memory in use, in blocks (a sector page counts as its sector).",
             None,
             s.cache_pages,
         )?;

@@ -143,7 +143,7 @@ impl Snapshot {
             cache_partial_writes: get(&c.partial_writes),
             cache_partial_fills: get(&c.partial_fills),
             cache_partial_stores: get(&c.partial_stores),
-            cache_pages: fs.cache().cached_pages() as u64,
+            cache_pages: fs.cache().held_blocks() as u64,
             cache_capacity_pages: fs.cache().capacity_pages() as u64,
             block_size: fs.remote().block_size(),
             copies_restored: get(&r.copies_restored),
