@@ -19,10 +19,11 @@
 //! second slab, of sector-sized buffers), rather than a buffer of the whole block, so
 //! the cache's memory holds as many randomly read sectors as it has room for (with
 //! 64 KiB blocks and 4 KiB reads, up to 16 times as many as whole-block pages
-//! would). Memory is counted in bytes: `--cache` bounds what block and sector
-//! buffers take together. A sector page serves and takes in reads of one sector
-//! each, up to half its block's sectors; anything else done to its block (a read
-//! of more, a write, a stream's load, a flush) first gives it a buffer of the whole
+//! would). Memory is counted in bytes: `--cache` bounds what the pages' block and
+//! sector buffers take together (and free buffers whose memory the cleaner keeps for
+//! reuse add at most a 32nd of it: [`PageCache::trim_memory`]). A sector page serves and takes in reads of one sector each, up to
+//! all of its block's; anything else done to its block (a read of more than a
+//! sector, a write, a stream's load, a flush) first gives it a buffer of the whole
 //! block, its sectors copied in. It is never dirty, since only a read makes one and
 //! a write gives it a whole buffer first.
 //!
@@ -299,12 +300,8 @@ struct Index {
     lru: LruCache<PageKey, Arc<Page>>,
     evicting: HashMap<PageKey, Arc<Page>>,
     by_inode: HashMap<u64, BTreeSet<u64>>,
-    /// Block buffers not in any page, ready for reuse.
-    spare: Vec<PageBuf>,
-    /// Sector buffers not in any page, ready for reuse.
-    spare_sectors: Vec<PageBuf>,
-    /// Bytes of the buffers in existence (in pages or spare): at most the cache's
-    /// `budget` but for brief overshoots (see the module comment).
+    /// Bytes of the pages' buffers: at most the cache's `budget` but for brief
+    /// overshoots (see the module comment).
     held: usize,
 }
 
@@ -429,6 +426,13 @@ fn bits(a: usize, b: usize) -> u64 {
     }
 }
 
+/// Bytes of free buffers whose memory a cache of `budget` bytes keeps beside its
+/// pages: enough that pages coming and going reuse buffers rather than give memory
+/// back and take it again.
+fn kept_free_bytes(budget: usize, block_size: usize) -> usize {
+    (budget / 32).max(2 * block_size)
+}
+
 /// The default sector size for a block size: 4 KiB, or a 64th of the block.
 pub fn sector_size(block_size: usize) -> usize {
     (block_size / 64).max(4096).min(block_size)
@@ -445,6 +449,8 @@ pub struct PageCache {
     slab: Slab,
     /// Buffers of sector pages.
     sector_slab: Slab,
+    /// Whether random reads make sector pages (not once the block buffers are registered: [`PageCache::register_with_fabric`]).
+    sector_pages: AtomicBool,
     index: Mutex<Index>,
     /// Set by an eviction round or a queued write-behind: the cleaner has work (see
     /// [`PageCache::wait_for_work`]).
@@ -472,9 +478,11 @@ impl PageCache {
         let capacity = ((capacity_bytes / block_size as u64) as usize).max(2);
         let budget = capacity * block_size;
         let sectors = Sectors::new(block_size, sector);
-        // A block of one sector has no sector pages.
+        // Beyond its slab's slots a buffer comes from the heap (`buffers`): the
+        // sector slab has room for some overshoot. A block of one sector has no
+        // sector pages.
         let sector_slots = if sector < block_size {
-            budget / sector
+            (budget + kept_free_bytes(budget, block_size)) / sector
         } else {
             0
         };
@@ -483,14 +491,14 @@ impl PageCache {
             budget,
             sectors,
             sum_unit: SUM_UNIT,
+            // Just the budget: registered for RDMA, this is what the device pins.
             slab: Slab::new(capacity, block_size),
             sector_slab: Slab::new(sector_slots, sector),
+            sector_pages: AtomicBool::new(sector_slots > 0),
             index: Mutex::new(Index {
                 lru: LruCache::unbounded(),
                 evicting: HashMap::new(),
                 by_inode: HashMap::new(),
-                spare: Vec::new(),
-                spare_sectors: Vec::new(),
                 held: 0,
             }),
             evicting_now: Mutex::new(false),
@@ -512,10 +520,13 @@ impl PageCache {
         self.capacity
     }
 
-    /// Registers the page buffers with the fabric once (see `buffers`).
+    /// Registers the block buffers with the fabric once (see `buffers`), for RDMA: the
+    /// device then holds (pins) all of their memory, `--cache` of it, for the rest of
+    /// the process's life. Random reads then make no sector pages, whose buffers
+    /// would pin as much again.
     pub fn register_with_fabric(&self) -> Result<(), rmemfs_common::fabric::FabricError> {
-        self.slab.register_with_fabric()?;
-        self.sector_slab.register_with_fabric()
+        self.sector_pages.store(false, Ordering::SeqCst);
+        self.slab.register_with_fabric()
     }
 
     /// Pages handled per locked group: small enough that a group never holds a large
@@ -524,65 +535,54 @@ impl PageCache {
         (self.capacity / 4).clamp(1, 64)
     }
 
-    /// A buffer of `len` bytes (a block's or a sector's) for a page: a spare one, or a
-    /// new one if the budget has room for it (spare buffers of the other size are
-    /// dropped to make room) or `force` says to go over it.
+    /// A buffer of `len` bytes (a block's or a sector's) for a page, if the pages'
+    /// budget has room for it or `force` says to go over it.
     fn take_buf(&self, idx: &mut Index, len: usize, force: bool) -> Option<PageBuf> {
-        let (same, other, slab) = if len == self.sectors.block_len() {
-            (&mut idx.spare, &mut idx.spare_sectors, &self.slab)
+        if idx.held + len > self.budget && !force {
+            return None;
+        }
+        idx.held += len;
+        let slab = if len == self.sectors.block_len() {
+            &self.slab
         } else {
-            (&mut idx.spare_sectors, &mut idx.spare, &self.sector_slab)
+            &self.sector_slab
         };
-        if let Some(b) = same.pop() {
-            return Some(b);
-        }
-        while idx.held + len > self.budget {
-            let Some(b) = other.pop() else { break };
-            idx.held -= b.len();
-        }
-        if idx.held + len <= self.budget || force {
-            idx.held += len;
-            return Some(slab.take());
-        }
-        None
+        Some(slab.take())
     }
 
     /// Takes back the buffer of a page that left the cache (or of a sector page that
-    /// got a whole block's): kept for reuse while the cache is within its budget.
+    /// got a whole block's): its slot is the next its slab gives out.
     fn put_buf(&self, idx: &mut Index, buf: PageBuf) {
-        if idx.held > self.budget {
-            idx.held -= buf.len();
-        } else if buf.len() == self.sectors.block_len() {
-            idx.spare.push(buf);
-        } else {
-            idx.spare_sectors.push(buf);
-        }
+        idx.held -= buf.len();
+    }
+
+    /// Gives the memory of free buffers back to the kernel but for a few of each size
+    /// (see `buffers`): what pages of one size let go, pages of the other size would
+    /// otherwise hold beside their own. For the cleaner, off the requests' path.
+    pub fn trim_memory(&self) -> usize {
+        let keep = kept_free_bytes(self.budget, self.sectors.block_len()) / 2;
+        self.slab.trim(keep / self.sectors.block_len())
+            + self.sector_slab.trim(keep / self.sectors.len)
     }
 
     /// Evicts until the cache's buffers are within its budget again, after sector pages
     /// took more memory while their locks were held. Pages in use are skipped. Must be
     /// called with no page mutex held.
     fn shrink(&self, backing: &dyn Backing) {
+        // A page at a time: the overshoot is a sector or a block.
         loop {
-            let victims = {
+            let victim = {
                 let mut idx = lock(&self.index);
-                while idx.held > self.budget {
-                    let Some(b) = idx.spare.pop().or_else(|| idx.spare_sectors.pop()) else {
-                        break;
-                    };
-                    idx.held -= b.len();
+                if idx.held <= self.budget {
+                    return;
                 }
-                let mut victims = Vec::new();
-                while idx.held > self.budget && victims.len() < EVICT_BATCH {
-                    let Some((k, p)) = idx.lru.pop_lru() else {
-                        break;
-                    };
-                    idx.evicting.insert(k, p.clone());
-                    victims.push(p);
-                }
-                victims
+                let Some((k, p)) = idx.lru.pop_lru() else {
+                    return;
+                };
+                idx.evicting.insert(k, p.clone());
+                p
             };
-            if victims.is_empty() || self.evict(backing, victims) == 0 {
+            if self.evict(backing, vec![victim]) == 0 {
                 return;
             }
         }
@@ -618,23 +618,22 @@ impl PageCache {
             return None;
         };
         let touched = self.sectors.of(from, to).1;
-        (self.sectors.full != 1 && touched.count_ones() == 1)
+        (self.sector_pages.load(Ordering::Relaxed) && touched.count_ones() == 1)
             .then(|| touched.trailing_zeros() as usize * self.sectors.len)
     }
 
-    /// Readies sector page `g` (locked by the caller) for `how`: with `sector_pages`
-    /// and a read of one sector it holds, or a new one while it holds fewer than half
-    /// its block's, it stays a sector page (with a buffer, not yet valid, for a new
-    /// sector); otherwise it gets a buffer of the whole block.
+    /// Readies sector page `g` (locked by the caller) for `how`: for a read of one
+    /// sector (with `sector_pages`) it stays a sector page, with a buffer (not yet
+    /// valid) for that sector if it had none; for anything else it gets a buffer of
+    /// the whole block.
     fn ready_sector_page(&self, g: &mut PageState, how: Fill, sector_pages: bool) {
-        let read = self.sector_read(how).filter(|_| sector_pages);
-        match read {
+        match self.sector_read(how).filter(|_| sector_pages) {
             Some(at) if g.sectors.iter().any(|(s, _)| *s == at) => {}
-            Some(at) if g.sectors.len() < self.sectors.full.count_ones() as usize / 2 => {
+            Some(at) => {
                 let buf = self.take_sector_buf();
                 g.sectors.push((at, buf));
             }
-            _ => self.promote(g),
+            None => self.promote(g),
         }
     }
 
@@ -1347,14 +1346,14 @@ impl PageCache {
         lock(&self.index).lru.len()
     }
 
-    /// Bytes of the buffers of the cache's pages and spare buffers.
+    /// Bytes of the buffers of the cache's pages.
     #[cfg(test)]
     fn held_bytes(&self) -> usize {
         lock(&self.index).held
     }
 
     /// The cache's memory in use, in blocks: the bytes of the buffers of its pages
-    /// and spare buffers (a sector page's is a sector), over the block size.
+    /// (a sector page's are sectors), over the block size.
     pub fn held_blocks(&self) -> usize {
         lock(&self.index).held / self.sectors.block_len()
     }

@@ -333,8 +333,11 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     } else {
         None
     };
+    // Whether any memnode is reached over RDMA: the cache's buffers are registered.
+    let mut rdma = false;
     for m in &memnodes {
         let t = fabric::resolve_for(opts.transport, m)?;
+        rdma |= t == Transport::Verbs;
         log::info!(
             "memnode {m} over {t} (--transport {}: {})",
             opts.transport,
@@ -392,9 +395,11 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             Arc::new(RmemFs::on_volume(remote, opts.cache, ns, volume))
         }
     };
-    fs.cache()
-        .register_with_fabric()
-        .context("registering the page cache with the RDMA device")?;
+    if rdma {
+        fs.cache()
+            .register_with_fabric()
+            .context("registering the page cache with the RDMA device")?;
+    }
     log::info!(
         "cache {} in {} blocks of {}",
         format_size(opts.cache),
@@ -469,7 +474,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
 
     // Writing back what sequential writers have finished, and the coldest dirty pages
     // while the cache evicts, so requests that need a buffer mostly find clean pages
-    // to drop.
+    // to drop; and giving back the memory of buffers the cache let go.
     let cleaner = {
         let fs = fs.clone();
         let stop = stop.clone();
@@ -480,6 +485,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
                     fs.cache().clean_behind(&*fs);
                     fs.cache().clean_cold(&*fs, ahead);
                 }
+                fs.cache().trim_memory();
             }
         })
     };

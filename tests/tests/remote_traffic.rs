@@ -130,3 +130,121 @@ fn random_4k_direct_io_moves_4k_per_request_over_the_fabric() {
     drop(reader);
     fsd.unmount();
 }
+
+/// A cache smaller than the blocks that random reads touch still keeps what they
+/// read: each read of one sector holds that sector, not its block (sector pages), so
+/// reading the same sectors again moves nothing over the fabric.
+#[test]
+fn random_reads_are_cached_by_the_sector_not_by_the_block() {
+    let _serial = heavy_test();
+    let memnode = MemnodeProc::start("256M");
+    let stats = StatsFile::new();
+    let fsd = FsdMount::with_memnode(
+        &memnode,
+        &[
+            "--cache",
+            &CACHE.to_string(),
+            "--block-size",
+            "64K",
+            "--stats-file",
+            stats.arg(),
+        ],
+    );
+    let path = fsd.join("f");
+    let pattern = Pattern::for_test("random reads cached by the sector");
+    pattern.write_file(&path, FILE);
+    File::open(&path).and_then(|f| f.sync_all()).expect("fsync");
+    fsd.push_out_of_cache(CACHE, BLOCK);
+    let file = open_direct(&path);
+    let offsets = scattered(3);
+    // The blocks read must not fit in the cache, or this shows nothing.
+    const _: () = assert!(N * BLOCK > 2 * CACHE);
+    let mut buf = AlignedBuf::new(SECTOR as usize, SECTOR as usize);
+    let mut read_all = |what: &str| {
+        for &at in &offsets {
+            let n = file.read_at(buf.as_mut_slice(), at).expect("read");
+            assert_eq!(n, SECTOR as usize);
+            assert!(
+                buf.as_slice() == pattern.bytes(at, SECTOR as usize),
+                "{what}: 4 KiB at {at} differs from what was written"
+            );
+        }
+    };
+    let before = settled(&stats, "remote_writes", 0);
+    read_all("first pass");
+    let first = settled(&stats, "remote_reads", before.value("remote_reads") + N);
+    read_all("second pass");
+    let second = settled(&stats, "file_reads", first.value("file_reads") + N);
+    let delta = |s: &FsdStats, b: &FsdStats, k: &str| s.value(k) - b.value(k);
+    println!(
+        "{N} reads of 4 KiB in {N} blocks through a {} MiB cache: {} remote READs, then {} \
+         reading them again",
+        CACHE / MIB,
+        delta(&first, &before, "remote_reads"),
+        delta(&second, &first, "remote_reads")
+    );
+    assert_eq!(delta(&first, &before, "remote_reads"), N);
+    assert_eq!(
+        delta(&second, &first, "remote_reads"),
+        0,
+        "the sectors read were still in fsd's cache"
+    );
+    drop(file);
+    fsd.unmount();
+}
+
+/// fsd's memory stays what `--cache` gives it when the cache turns from whole blocks
+/// (a stream writing a file larger than the cache) to sectors (random reads): the
+/// memory of the block buffers the cache lets go is given back.
+#[test]
+fn fsd_memory_stays_within_its_cache_when_streams_give_way_to_random_reads() {
+    let _serial = heavy_test();
+    let memnode = MemnodeProc::start("512M");
+    let cache = 64 * MIB;
+    let fsd = FsdMount::with_memnode(&memnode, &["--cache", "64M", "--block-size", "64K"]);
+    let path = fsd.join("f");
+    let len = 256 * MIB;
+    let pattern = Pattern::for_test("memory of streams and random reads");
+    pattern.write_file(&path, len);
+    File::open(&path).and_then(|f| f.sync_all()).expect("fsync");
+    let after_stream = fsd.rss_bytes();
+    // Enough random 4 KiB reads, each in a block of its own, to fill the cache with
+    // sectors several times over.
+    let file = open_direct(&path);
+    let mut buf = AlignedBuf::new(SECTOR as usize, SECTOR as usize);
+    let blocks = len / BLOCK;
+    let reads = 3 * cache / SECTOR;
+    for i in 0..reads {
+        let block = (i * 2_654_435_761) % blocks;
+        let at = block * BLOCK + (1 + i % (BLOCK / SECTOR - 1)) * SECTOR;
+        file.read_at(buf.as_mut_slice(), at).expect("read");
+        if i % 4096 == 0 {
+            assert!(
+                buf.as_slice() == pattern.bytes(at, SECTOR as usize),
+                "4 KiB at {at} differs from what was written"
+            );
+        }
+    }
+    // fsd's cleaner gives back the memory of buffers the cache let go a few times a
+    // second.
+    std::thread::sleep(Duration::from_secs(1));
+    let after_reads = fsd.rss_bytes();
+    println!(
+        "fsd RSS: {} MiB after writing {} MiB, {} MiB after {reads} random 4 KiB reads \
+         (--cache {} MiB)",
+        after_stream / MIB,
+        len / MIB,
+        after_reads / MIB,
+        cache / MIB
+    );
+    assert!(
+        after_reads < after_stream + cache / 4,
+        "fsd grew from {} to {} MiB when random reads followed a stream with a {} MiB cache: \
+         its block and sector buffers together should stay within the cache",
+        after_stream / MIB,
+        after_reads / MIB,
+        cache / MIB
+    );
+    drop(file);
+    fsd.unmount();
+}

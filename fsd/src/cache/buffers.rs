@@ -1,13 +1,22 @@
-//! Page buffers from one slab.
+//! Page buffers from slabs.
 //!
-//! The cache's `capacity` page buffers are slots of a single anonymous mapping made
-//! up front (untouched pages cost nothing until used). One slab means one memory
-//! registration: [`Slab::register_with_fabric`] hands it to the fabric once, and the
-//! verbs backend then READs into and WRITEs from cache pages in place. When the cache
+//! The cache's `capacity` block buffers are slots of a single anonymous mapping made
+//! up front (untouched pages cost nothing until used), and its sector buffers slots
+//! of a second one. One slab means one memory registration:
+//! [`Slab::register_with_fabric`] hands it to the fabric once, and the verbs backend
+//! then READs into and WRITEs from cache pages in place.
+//!
+//! A slot's memory stays resident once used: a slot given back is taken again
+//! before any other (in the CPU's caches, no page fault), and [`Slab::trim`] gives
+//! the memory of free slots beyond a few back to the kernel, the coldest first, so
+//! that what the two slabs hold together stays what the cache holds (the cache
+//! calls it from its cleaner, off the requests' path). Not once registered: the
+//! device may hold the slots' pages. When the cache
 //! overshoots its capacity (see the cache's module comment) the extra buffers come
 //! from the heap; the fabric still handles them, registering them per operation.
 
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The mapping; never unmapped, because a registration may refer to it for the
@@ -26,7 +35,22 @@ unsafe impl Sync for Mapping {}
 pub struct Shared {
     mapping: Mapping,
     slot_len: usize,
-    free: Mutex<Vec<usize>>,
+    free: Mutex<Free>,
+    /// Registered with the fabric: the device may hold the slots' pages, so their
+    /// memory is never given back (see [`Slab::trim`]).
+    registered: AtomicBool,
+    /// Slots are whole pages of memory, which can be given back one by one (tests
+    /// use tiny slots, many to a page).
+    whole_pages: bool,
+}
+
+/// The free slots.
+struct Free {
+    /// Slots whose memory is resident (used since they were last trimmed), the most
+    /// recently given back last.
+    hot: Vec<usize>,
+    /// Slots whose memory is not (never used, or trimmed).
+    cold: Vec<usize>,
 }
 
 /// A pool of `slots` buffers of `slot_len` bytes in one mapping.
@@ -65,19 +89,23 @@ impl Slab {
                     len: slots * slot_len,
                 },
                 slot_len,
-                free: Mutex::new((0..slots).rev().collect()),
+                free: Mutex::new(Free {
+                    hot: Vec::new(),
+                    cold: (0..slots).rev().collect(),
+                }),
+                registered: AtomicBool::new(false),
+                whole_pages: slot_len > 0 && slot_len.is_multiple_of(page_size()),
             }),
         }
     }
 
-    /// A zeroed-or-reused buffer: a free slot of the slab, else a heap buffer.
+    /// A zeroed-or-reused buffer: a free slot of the slab (one used before first),
+    /// else a heap buffer.
     pub fn take(&self) -> PageBuf {
-        let slot = self
-            .shared
-            .free
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop();
+        let slot = {
+            let mut free = self.shared.free();
+            free.hot.pop().or_else(|| free.cold.pop())
+        };
         match slot {
             Some(slot) => PageBuf::Slot {
                 shared: self.shared.clone(),
@@ -94,9 +122,63 @@ impl Slab {
         if m.len == 0 {
             return Ok(());
         }
+        self.shared.registered.store(true, Ordering::SeqCst);
         // SAFETY: the mapping is never unmapped (Mapping has no Drop).
         unsafe { rmemfs_common::fabric::register_local(m.base, m.len) }
     }
+
+    /// Gives the memory of the free slots beyond the `keep` most recently given back
+    /// to the kernel (they read as zeros when next used). Returns how many slots it
+    /// gave back: none for a registered slab, or one whose slots share pages.
+    pub fn trim(&self, keep: usize) -> usize {
+        let shared = &self.shared;
+        if !shared.whole_pages || shared.registered.load(Ordering::SeqCst) {
+            return 0;
+        }
+        // Out of the free list while the kernel takes their memory, so nobody takes
+        // them meanwhile; the coldest (given back first) go.
+        let mut victims: Vec<usize> = {
+            let mut free = shared.free();
+            let excess = free.hot.len().saturating_sub(keep);
+            free.hot.drain(..excess).collect()
+        };
+        victims.sort_unstable();
+        // One call per run of adjacent slots.
+        let mut i = 0;
+        while i < victims.len() {
+            let mut j = i + 1;
+            while j < victims.len() && victims[j] == victims[j - 1] + 1 {
+                j += 1;
+            }
+            // SAFETY: slots victims[i]..=victims[j - 1] lie inside the mapping and are
+            // in no PageBuf (they were free, and are out of the free list); on private
+            // anonymous memory MADV_DONTNEED only makes them read as zeros.
+            unsafe {
+                libc::madvise(
+                    shared.mapping.base.add(victims[i] * shared.slot_len) as *mut libc::c_void,
+                    (j - i) * shared.slot_len,
+                    libc::MADV_DONTNEED,
+                );
+            }
+            i = j;
+        }
+        let n = victims.len();
+        shared.free().cold.extend(victims);
+        n
+    }
+}
+
+impl Shared {
+    fn free(&self) -> std::sync::MutexGuard<'_, Free> {
+        self.free.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The size of a page of memory.
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).unwrap_or(4096).max(1)
 }
 
 /// One page's bytes.
@@ -146,11 +228,7 @@ impl DerefMut for PageBuf {
 impl Drop for PageBuf {
     fn drop(&mut self) {
         if let PageBuf::Slot { shared, slot } = self {
-            shared
-                .free
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(*slot);
+            shared.free().hot.push(*slot);
         }
     }
 }
@@ -183,6 +261,46 @@ mod tests {
         assert!(
             d.iter().all(|&x| x == 1),
             "reuse does not clear (the cache does)"
+        );
+    }
+
+    #[test]
+    fn trim_gives_back_the_coldest_free_slots_which_then_read_as_zeros() {
+        let slab = Slab::new(3, 4096);
+        let mut bufs: Vec<PageBuf> = (0..3).map(|_| slab.take()).collect();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            b.fill(i as u8 + 1);
+        }
+        // Given back in order: the one filled with 1 is the coldest.
+        for b in bufs.drain(..) {
+            drop(b);
+        }
+        assert_eq!(slab.trim(2), 1, "all but the 2 most recent");
+        let taken: Vec<PageBuf> = (0..3).map(|_| slab.take()).collect();
+        let firsts: Vec<u8> = taken.iter().map(|b| b[0]).collect();
+        assert_eq!(
+            firsts,
+            vec![3, 2, 0],
+            "hot slots first, the trimmed one zeroed"
+        );
+        assert!(taken[2].iter().all(|&x| x == 0));
+        drop(taken);
+        assert_eq!(slab.trim(3), 0, "nothing beyond what it keeps");
+    }
+
+    #[test]
+    fn a_registered_slab_keeps_its_memory() {
+        let slab = Slab::new(1, 4096);
+        slab.register_with_fabric()
+            .expect("no device: only recorded");
+        let mut a = slab.take();
+        a.fill(7);
+        drop(a);
+        assert_eq!(slab.trim(0), 0);
+        let b = slab.take();
+        assert!(
+            b.iter().all(|&x| x == 7),
+            "the slot's pages stay where the device may have them"
         );
     }
 }
