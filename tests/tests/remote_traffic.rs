@@ -50,9 +50,9 @@ fn settled(stats: &StatsFile, what: &str, at_least: u64) -> FsdStats {
     stats.current()
 }
 
-#[test]
-fn random_4k_direct_io_moves_4k_per_request_over_the_fabric() {
-    let _serial = heavy_test();
+/// A memnode and fsd on it with a `CACHE` cache of 64 KiB blocks, writing its
+/// statistics.
+fn mount_with_stats() -> (MemnodeProc, StatsFile, FsdMount) {
     let memnode = MemnodeProc::start("256M");
     let stats = StatsFile::new();
     let fsd = FsdMount::with_memnode(
@@ -66,11 +66,25 @@ fn random_4k_direct_io_moves_4k_per_request_over_the_fabric() {
             stats.arg(),
         ],
     );
+    (memnode, stats, fsd)
+}
+
+/// A `FILE`-byte file written with a pattern named `what`, in remote memory and out
+/// of fsd's cache.
+fn file_out_of_cache(fsd: &FsdMount, what: &str) -> (std::path::PathBuf, Pattern) {
     let path = fsd.join("f");
-    let pattern = Pattern::for_test("remote traffic of 4 KiB direct I/O");
+    let pattern = Pattern::for_test(what);
     pattern.write_file(&path, FILE);
     File::open(&path).and_then(|f| f.sync_all()).expect("fsync");
     fsd.push_out_of_cache(CACHE, BLOCK);
+    (path, pattern)
+}
+
+#[test]
+fn random_4k_direct_io_moves_4k_per_request_over_the_fabric() {
+    let _serial = heavy_test();
+    let (_memnode, stats, fsd) = mount_with_stats();
+    let (path, pattern) = file_out_of_cache(&fsd, "remote traffic of 4 KiB direct I/O");
     let file = open_direct(&path);
 
     // Reads: each misses fsd's cache, which holds none of the file now.
@@ -137,24 +151,8 @@ fn random_4k_direct_io_moves_4k_per_request_over_the_fabric() {
 #[test]
 fn random_reads_are_cached_by_the_sector_not_by_the_block() {
     let _serial = heavy_test();
-    let memnode = MemnodeProc::start("256M");
-    let stats = StatsFile::new();
-    let fsd = FsdMount::with_memnode(
-        &memnode,
-        &[
-            "--cache",
-            &CACHE.to_string(),
-            "--block-size",
-            "64K",
-            "--stats-file",
-            stats.arg(),
-        ],
-    );
-    let path = fsd.join("f");
-    let pattern = Pattern::for_test("random reads cached by the sector");
-    pattern.write_file(&path, FILE);
-    File::open(&path).and_then(|f| f.sync_all()).expect("fsync");
-    fsd.push_out_of_cache(CACHE, BLOCK);
+    let (_memnode, stats, fsd) = mount_with_stats();
+    let (path, pattern) = file_out_of_cache(&fsd, "random reads cached by the sector");
     let file = open_direct(&path);
     let offsets = scattered(3);
     // The blocks read must not fit in the cache, or this shows nothing.
