@@ -21,11 +21,12 @@
 //! 64 KiB blocks and 4 KiB reads, up to 16 times as many as whole-block pages
 //! would). Memory is counted in bytes: `--cache` bounds what the pages' block and
 //! sector buffers take together (and free buffers whose memory the cleaner keeps for
-//! reuse add at most a 32nd of it: [`PageCache::trim_memory`]). A sector page serves and takes in reads of one sector each, up to
-//! all of its block's; anything else done to its block (a read of more than a
-//! sector, a write, a stream's load, a flush) first gives it a buffer of the whole
-//! block, its sectors copied in. It is never dirty, since only a read makes one and
-//! a write gives it a whole buffer first.
+//! reuse add at most a 32nd of it: [`PageCache::trim_memory`]). A sector page serves
+//! and takes in reads of one sector each, up to all of its block's; anything else
+//! done to its block (a read of more than a sector, a write, a stream's load, a
+//! flush) first gives it a buffer of the whole block, its sectors copied in. It is
+//! never dirty, since only a read makes one and a write gives it a whole buffer
+//! first. Over RDMA there are none (see [`PageCache::register_with_fabric`]).
 //!
 //! A write that ends inside a sector the page does not hold keeps what it wrote there
 //! as a *part* of that sector (a byte range, dirty), and the rest of the sector is
@@ -449,7 +450,8 @@ pub struct PageCache {
     slab: Slab,
     /// Buffers of sector pages.
     sector_slab: Slab,
-    /// Whether random reads make sector pages (not once the block buffers are registered: [`PageCache::register_with_fabric`]).
+    /// Whether random reads make sector pages (not once the block buffers are
+    /// registered: [`PageCache::register_with_fabric`]).
     sector_pages: AtomicBool,
     index: Mutex<Index>,
     /// Set by an eviction round or a queued write-behind: the cleaner has work (see
