@@ -359,15 +359,32 @@ impl FsdMount {
 
     /// fsd's resident set size (VmRSS in /proc/PID/status), in bytes.
     pub fn rss_bytes(&self) -> u64 {
+        self.status_bytes("VmRSS:")
+    }
+
+    /// The most fsd's resident set has been (VmHWM) since it started or since
+    /// [`FsdMount::reset_peak_rss`], in bytes.
+    pub fn peak_rss_bytes(&self) -> u64 {
+        self.status_bytes("VmHWM:")
+    }
+
+    /// Sets fsd's peak resident set size to what it is now (Linux 4.0).
+    pub fn reset_peak_rss(&self) {
+        let path = format!("/proc/{}/clear_refs", self.pid());
+        std::fs::write(&path, "5").unwrap_or_else(|e| panic!("writing 5 to {path}: {e}"));
+    }
+
+    /// A size line of /proc/PID/status (`field` with its colon), in bytes.
+    fn status_bytes(&self, field: &str) -> u64 {
         let path = format!("/proc/{}/status", self.pid());
         let status = std::fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("reading {path}: {e} (did fsd die?)"));
         status
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .find_map(|l| l.strip_prefix(field))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
             .map(|kib| kib * 1024)
-            .unwrap_or_else(|| panic!("no VmRSS line in {path}"))
+            .unwrap_or_else(|| panic!("no {field} line in {path}"))
     }
 
     /// True while fsd runs.

@@ -206,7 +206,8 @@ fn random_reads_are_cached_by_the_sector_not_by_the_block() {
 
 /// fsd's memory stays what `--cache` gives it when the cache turns from whole blocks
 /// (a stream writing a file larger than the cache) to sectors (random reads): the
-/// memory of the block buffers the cache lets go is given back.
+/// memory of the block buffers the cache lets go is given back, as the sectors come
+/// (the peak), not only once the reads are over.
 #[test]
 fn fsd_memory_stays_within_its_cache_when_streams_give_way_to_random_reads() {
     let _serial = heavy_test();
@@ -219,6 +220,7 @@ fn fsd_memory_stays_within_its_cache_when_streams_give_way_to_random_reads() {
     pattern.write_file(&path, len);
     File::open(&path).and_then(|f| f.sync_all()).expect("fsync");
     let after_stream = fsd.rss_bytes();
+    fsd.reset_peak_rss();
     // Enough random 4 KiB reads, each in a block of its own, to fill the cache with
     // sectors several times over.
     let file = open_direct(&path);
@@ -238,14 +240,25 @@ fn fsd_memory_stays_within_its_cache_when_streams_give_way_to_random_reads() {
     }
     // fsd's cleaner gives back the memory of buffers the cache let go a few times a
     // second.
+    let peak = fsd.peak_rss_bytes();
     std::thread::sleep(Duration::from_secs(1));
     let after_reads = fsd.rss_bytes();
     println!(
         "fsd RSS: {} MiB after writing {} MiB, {} MiB after {reads} random 4 KiB reads \
-         (--cache {} MiB)",
+         (--cache {} MiB), {} MiB at most during them",
         after_stream / MIB,
         len / MIB,
         after_reads / MIB,
+        cache / MIB,
+        peak / MIB
+    );
+    assert!(
+        peak < after_stream + cache / 4,
+        "fsd grew from {} to {} MiB at its peak while random reads followed a stream with \
+         a {} MiB cache: the memory of the block buffers let go should be given back as \
+         sectors take their place",
+        after_stream / MIB,
+        peak / MIB,
         cache / MIB
     );
     assert!(

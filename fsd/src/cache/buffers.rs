@@ -10,13 +10,14 @@
 //! before any other (in the CPU's caches, no page fault), and [`Slab::trim`] gives
 //! the memory of free slots beyond a few back to the kernel, the coldest first, so
 //! that what the two slabs hold together stays what the cache holds (the cache
-//! calls it from its cleaner, off the requests' path). Not once registered: the
-//! device may hold the slots' pages. When the cache
+//! calls it from its cleaner, and from a request whose buffer grew the slabs'
+//! resident memory, [`Slab::resident_bytes`], past a bound). Not once registered:
+//! the device may hold the slots' pages. When the cache
 //! overshoots its capacity (see the cache's module comment) the extra buffers come
 //! from the heap; the fabric still handles them, registering them per operation.
 
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The mapping; never unmapped, because a registration may refer to it for the
@@ -42,6 +43,9 @@ pub struct Shared {
     /// Slots are whole pages of memory, which can be given back one by one (tests
     /// use tiny slots, many to a page).
     whole_pages: bool,
+    /// Slots whose memory is resident: taken from `cold` since they were last
+    /// trimmed, in use or free.
+    resident: AtomicUsize,
 }
 
 /// The free slots.
@@ -95,6 +99,7 @@ impl Slab {
                 }),
                 registered: AtomicBool::new(false),
                 whole_pages: slot_len > 0 && slot_len.is_multiple_of(page_size()),
+                resident: AtomicUsize::new(0),
             }),
         }
     }
@@ -104,7 +109,11 @@ impl Slab {
     pub fn take(&self) -> PageBuf {
         let slot = {
             let mut free = self.shared.free();
-            free.hot.pop().or_else(|| free.cold.pop())
+            free.hot.pop().or_else(|| {
+                let slot = free.cold.pop()?;
+                self.shared.resident.fetch_add(1, Ordering::Relaxed);
+                Some(slot)
+            })
         };
         match slot {
             Some(slot) => PageBuf::Slot {
@@ -163,8 +172,15 @@ impl Slab {
             i = j;
         }
         let n = victims.len();
+        shared.resident.fetch_sub(n, Ordering::Relaxed);
         shared.free().cold.extend(victims);
         n
+    }
+
+    /// Bytes of the slab's memory that are resident: of the slots in use, and of the
+    /// free ones not given back since they were used.
+    pub fn resident_bytes(&self) -> usize {
+        self.shared.resident.load(Ordering::Relaxed) * self.shared.slot_len
     }
 }
 

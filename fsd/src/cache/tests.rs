@@ -790,6 +790,47 @@ fn random_reads_of_one_sector_hold_sectors_not_blocks() {
     assert_eq!(c.cached_pages(), 8);
 }
 
+/// When random reads of sectors follow a stream of whole blocks, the memory of the
+/// blocks the cache lets go is given back as the sectors come, by the requests
+/// themselves (no cleaner runs here): the two slabs never hold much more than the
+/// budget, where keeping both would hold it twice.
+#[test]
+fn sectors_after_blocks_take_the_memory_the_blocks_let_go() {
+    const BLOCK: usize = 64 << 10;
+    const SECTOR: usize = 4 << 10;
+    let b = MemBacking::default();
+    let c = PageCache::new(4 << 20, BLOCK);
+    let resident = || c.slab.resident_bytes() + c.sector_slab.resident_bytes();
+    // A stream over twice the cache.
+    for k in 0..128u64 {
+        c.access(&b, 1, k..k + 1, |_| Fill::Load, |_, _, _| Ok(()))
+            .expect("load");
+    }
+    assert_eq!(resident(), c.budget, "the stream's blocks fill the cache");
+    // Random sectors of other blocks (of the same file, never read whole).
+    let mut most = 0;
+    for i in 0..4096u64 {
+        let k = 1000 + (i * 2_654_435_761) % 256;
+        let from = (i as usize / 256 % (BLOCK / SECTOR)) * SECTOR;
+        assert_eq!(
+            read_fs(&c, &b, (1, k), from, from + SECTOR),
+            vec![0; SECTOR]
+        );
+        most = most.max(resident());
+    }
+    assert!(
+        c.sector_slab.resident_bytes() > c.budget / 2,
+        "sectors took the cache's place: {} bytes",
+        c.sector_slab.resident_bytes()
+    );
+    assert!(
+        most <= c.resident_limit() + SECTOR,
+        "the slabs held {most} bytes at most, over {} (budget {})",
+        c.resident_limit(),
+        c.budget
+    );
+}
+
 #[test]
 fn a_sector_page_takes_in_one_sector_reads_and_gets_the_whole_block_for_more() {
     let b = MemBacking::default();
