@@ -12,7 +12,8 @@
 //! never make fsd block or misbehave. The price is that a file can outlive its fsd
 //! (SIGKILL, crash), so the reader checks, in `report.rs`: that the mountpoint is an
 //! rmemfs mount in `/proc/self/mountinfo`, that the pid in the file is alive, and how
-//! long ago the file was written; and it says plainly which check failed.
+//! long ago the file was written; and it says plainly which check failed. An fsd
+//! that starts removes the files of fsds that are gone (`remove_stale`).
 
 pub mod paths;
 pub mod report;
@@ -137,6 +138,13 @@ impl StatusWriter {
             );
             return None;
         }
+        let stale = remove_stale(dir);
+        if stale > 0 {
+            log::info!(
+                "removed {stale} status file(s) in {} of fsds that no longer run",
+                dir.display()
+            );
+        }
         let path = dir.join(paths::file_name(&info.mountpoint));
         log::info!("status for `rmemfs status` in {}", path.display());
         Some(StatusWriter {
@@ -162,6 +170,43 @@ impl StatusWriter {
             Err(_) => {}
         }
     }
+}
+
+/// The most of a status file read to tell whose it is (they are a few KiB).
+const MAX_STATUS_FILE: u64 = 1 << 20;
+
+/// Removes the status files in `dir` of fsds that are gone, and what such an fsd
+/// left of a write (`.tmp`): an fsd that was killed or crashed could not remove
+/// its own, and they would pile up in `/run/rmemfs` (a tmpfs) across restarts.
+/// Files that are not status files, or whose fsd runs, are left alone. Returns
+/// how many status files it removed.
+fn remove_stale(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for path in entries.flatten().map(|e| e.path()) {
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let small =
+            std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() <= MAX_STATUS_FILE);
+        let status = small
+            .then(|| std::fs::read_to_string(&path).ok())
+            .flatten()
+            .and_then(|text| serde_json::from_str::<StatusFile>(&text).ok());
+        let Some(status) = status else { continue };
+        if report::pid_alive(status.pid) {
+            continue;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            removed += 1;
+        }
+        let mut tmp = path.into_os_string();
+        tmp.push(".tmp");
+        let _ = std::fs::remove_file(tmp);
+    }
+    removed
 }
 
 impl Drop for StatusWriter {
@@ -243,6 +288,40 @@ mod tests {
         assert_eq!(c.get("rereplicated_blocks"), Some(&7));
         assert_eq!(c.get("node0_up"), Some(&1));
         assert_eq!(c.get("nodes_down"), Some(&0));
+    }
+
+    #[test]
+    fn a_new_writer_removes_the_files_of_fsds_that_are_gone() {
+        let dir = std::env::temp_dir().join(format!("fsd-stale-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let with_pid = |pid: u32| {
+            let mut s = sample();
+            s.pid = pid;
+            s.to_json()
+        };
+        // No process has a pid this high (pid_max is at most 2^22).
+        let gone = dir.join("mnt-gone.json");
+        std::fs::write(&gone, with_pid(i32::MAX as u32)).unwrap();
+        std::fs::write(dir.join("mnt-gone.json.tmp"), "partial").unwrap();
+        let live = dir.join("mnt-live.json");
+        std::fs::write(&live, with_pid(std::process::id())).unwrap();
+        let other = dir.join("notes.json");
+        std::fs::write(&other, "{\"not\": \"a status file\"}").unwrap();
+        let info = MountInfo {
+            mountpoint: PathBuf::from("/mnt/new"),
+            volume: None,
+            embedded_memnode: true,
+        };
+        let w = StatusWriter::create(&dir, info).expect("the directory is there");
+        assert!(!gone.exists(), "the file of an fsd that is gone is removed");
+        assert!(
+            !dir.join("mnt-gone.json.tmp").exists(),
+            "and what it left of a write"
+        );
+        assert!(live.exists(), "the file of a running fsd stays");
+        assert!(other.exists(), "a file that is not a status file stays");
+        drop(w);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -122,7 +122,8 @@ fn age_of(s: &StatusFile) -> Duration {
     Duration::from_millis(now.saturating_sub(s.updated_unix_ms))
 }
 
-fn pid_alive(pid: u32) -> bool {
+/// Whether a process `pid` runs (in this pid namespace).
+pub(super) fn pid_alive(pid: u32) -> bool {
     pid != 0 && Path::new(&format!("/proc/{pid}")).exists()
 }
 
