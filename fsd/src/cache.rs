@@ -168,6 +168,9 @@ pub struct CacheCounters {
     pub partial_fills: AtomicU64,
     /// Write-backs of a page's dirty sectors only.
     pub partial_stores: AtomicU64,
+    /// Misses of reads that came together, loaded in one batch before the reads were
+    /// answered ([`PageCache::prefill`]); counted in `misses` too.
+    pub batched_misses: AtomicU64,
 }
 
 struct PageState {
@@ -293,6 +296,9 @@ impl PageState {
 struct Page {
     key: PageKey,
     state: Mutex<PageState>,
+    /// Made by [`PageCache::prefill`], which counted its miss: the read it was made
+    /// for counts no hit when it finds it.
+    loaded_ahead: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -676,7 +682,13 @@ impl PageCache {
     /// Returns the page for `key`, creating it (holding nothing) if needed, evicting as
     /// needed: a sector page of the sector starting at `sector` if given, else a page of
     /// the whole block. Must be called with no page mutex held.
-    fn acquire(&self, backing: &dyn Backing, key: PageKey, sector: Option<usize>) -> Arc<Page> {
+    fn acquire(
+        &self,
+        backing: &dyn Backing,
+        key: PageKey,
+        sector: Option<usize>,
+        ahead: bool,
+    ) -> Arc<Page> {
         // Set when an eviction round freed nothing (every victim busy): allocate
         // instead of spinning on the same busy pages.
         let mut overshoot = false;
@@ -693,12 +705,18 @@ impl PageCache {
                     continue;
                 }
                 if let Some(p) = idx.lru.get(&key) {
-                    self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                    let made_for_this = p.loaded_ahead.load(Ordering::Relaxed)
+                        && p.loaded_ahead.swap(false, Ordering::Relaxed);
+                    if !ahead && !made_for_this {
+                        self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                    }
                     return p.clone();
                 }
                 if let Some(p) = idx.evicting.remove(&key) {
                     // Still being written back: take it back rather than re-read.
-                    self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                    if !ahead {
+                        self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                    }
                     idx.lru.put(key, p.clone());
                     return p;
                 }
@@ -711,12 +729,16 @@ impl PageCache {
                 let force = idx.lru.is_empty() || overshoot;
                 if let Some(buf) = self.take_buf(&mut idx, len, force) {
                     self.counters.misses.fetch_add(1, Ordering::Relaxed);
+                    if ahead {
+                        self.counters.batched_misses.fetch_add(1, Ordering::Relaxed);
+                    }
                     let (buf, sectors) = match sector {
                         Some(at) => (PageBuf::default(), vec![(at, buf)]),
                         None => (buf, Vec::new()),
                     };
                     let page = Arc::new(Page {
                         key,
+                        loaded_ahead: AtomicBool::new(ahead),
                         state: Mutex::new(PageState {
                             buf,
                             sectors,
@@ -1064,16 +1086,71 @@ impl PageCache {
         let mut start = idxs.start;
         while start < idxs.end {
             let end = (start + group).min(idxs.end);
+            let keys: Vec<PageKey> = (start..end).map(|i| (ino, i)).collect();
             // How each page is to be filled.
             let hows: Vec<Fill> = (start..end).map(&fill).collect();
+            self.access_group(backing, &keys, &hows, sector_pages, false, &mut f)?;
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// Loads ahead what reads about to be answered lack, in one batch per group of
+    /// pages: `reads` are blocks with the bytes of each to be read (as
+    /// [`Fill::Read`]). Pages are made as those reads would make them; the reads
+    /// then find them valid. Nothing is returned: a failed load leaves the page
+    /// invalid, and the read that follows loads it again and reports the error.
+    pub fn prefill(&self, backing: &dyn Backing, reads: &mut Vec<(PageKey, Range<usize>)>) {
+        // Ascending keys: the lock order for several pages. One load per block.
+        reads.sort_unstable_by_key(|(k, r)| (*k, r.start));
+        reads.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                kept.1.end = kept.1.end.max(later.1.end);
+            }
+            same
+        });
+        for chunk in reads.chunks(self.group_len()) {
+            let keys: Vec<PageKey> = chunk.iter().map(|(k, _)| *k).collect();
+            let hows: Vec<Fill> = chunk
+                .iter()
+                .map(|(_, r)| Fill::Read {
+                    from: r.start,
+                    to: r.end,
+                })
+                .collect();
+            let nothing = &mut |_, _, _: &mut [u8], _: &mut bool| Ok(());
+            if let Err(e) = self.access_group(backing, &keys, &hows, true, true, nothing) {
+                log::debug!("loading ahead for a batch of reads: {e}");
+            }
+        }
+    }
+
+    /// The pages of `keys` (ascending), locked together, each filled as `hows` says:
+    /// one batch of loads for all of them, then `f` on each in turn (see
+    /// [`PageCache::access_pages`]). `ahead`: for [`PageCache::prefill`].
+    fn access_group<F>(
+        &self,
+        backing: &dyn Backing,
+        keys: &[PageKey],
+        hows: &[Fill],
+        sector_pages: bool,
+        ahead: bool,
+        f: &mut F,
+    ) -> Result<(), FsError>
+    where
+        F: FnMut(u64, usize, &mut [u8], &mut bool) -> Result<(), FsError>,
+    {
+        loop {
             // Acquire every page before locking any: acquiring may evict, and evicting
             // must not happen while we hold page locks. A page evicted between its
             // acquisition and our lock is dead: start the group again.
-            let pages: Vec<Arc<Page>> = (start..end)
-                .zip(&hows)
-                .map(|(i, &how)| {
+            let pages: Vec<Arc<Page>> = keys
+                .iter()
+                .zip(hows)
+                .map(|(&key, &how)| {
                     let sector = self.sector_read(how).filter(|_| sector_pages);
-                    self.acquire(backing, (ino, i), sector)
+                    self.acquire(backing, key, sector, ahead)
                 })
                 .collect();
             self.trim_if_due();
@@ -1085,7 +1162,7 @@ impl PageCache {
             }
             let full = self.sectors.full;
             let mut grew = false;
-            for (g, &how) in guards.iter_mut().zip(&hows) {
+            for (g, &how) in guards.iter_mut().zip(hows) {
                 if !g.sectors.is_empty() {
                     self.ready_sector_page(g, how, sector_pages);
                     grew = true;
@@ -1149,7 +1226,7 @@ impl PageCache {
                 for (n, g) in guards.iter_mut().enumerate() {
                     if let Some(&&(_, mask)) = wanted.peek().filter(|(w, _)| *w == n) {
                         wanted.next();
-                        batch.push(((ino, start + n as u64), &mut **g, mask));
+                        batch.push((keys[n], &mut **g, mask));
                     }
                 }
                 let results = self.fill_sectors(backing, &mut batch);
@@ -1169,9 +1246,9 @@ impl PageCache {
                             .iter_mut()
                             .find(|(s, _)| *s == at)
                             .expect("a sector page holds the sector it reads");
-                        f(start + n as u64, *at, &mut buf[..], &mut dirty)
+                        f(keys[n].1, *at, &mut buf[..], &mut dirty)
                     }
-                    _ => f(start + n as u64, 0, &mut g.buf, &mut dirty),
+                    _ => f(keys[n].1, 0, &mut g.buf, &mut dirty),
                 };
                 if dirty {
                     // Checksums of what the callback wrote, while it is hot; it may
@@ -1213,9 +1290,8 @@ impl PageCache {
             if grew {
                 self.shrink(backing);
             }
-            start = end;
+            return Ok(());
         }
-        Ok(())
     }
 
     /// Writes back every dirty page of `ino`. Returns the first error.

@@ -696,6 +696,53 @@ impl RmemFs {
         Ok(done)
     }
 
+    /// Loads together what random reads about to be answered lack: `reads` are
+    /// (file, offset, length), as they came in one batch of requests. The reads of
+    /// each file go in one batch (`PageCache::prefill`), under the file's I/O lock as
+    /// its reads take it. Reads that continue a stream, the file's last read or one
+    /// of the batch, are left to the stream's own read-ahead, and so are files this
+    /// cannot read: their reads report it.
+    pub fn prefetch_reads(&self, reads: &[(Ino, u64, usize)]) {
+        let mut reads = reads.to_vec();
+        reads.sort_unstable();
+        let bs = self.block_size;
+        for file in reads.chunk_by(|a, b| a.0 == b.0) {
+            let ino = file[0].0;
+            let Ok(inode) = self.file_inode(ino) else {
+                continue;
+            };
+            let _io = inode.io_shared();
+            let next_read = inode.next_read.load(Ordering::Relaxed);
+            let mut blocks = Vec::new();
+            {
+                let meta = inode.meta();
+                let size = meta.attr.size;
+                for &(_, offset, len) in file {
+                    let continues = |&(_, o, l): &(Ino, u64, usize)| o + l as u64 == offset;
+                    if offset >= size
+                        || len == 0
+                        || offset == next_read
+                        || file.iter().any(continues)
+                    {
+                        continue;
+                    }
+                    let end = size.min(offset.saturating_add(len as u64));
+                    for i in offset / bs..=(end - 1) / bs {
+                        if meta.blocks.contains_key(&i) {
+                            let start = i * bs;
+                            let from = offset.max(start) - start;
+                            let to = end.min(start + bs) - start;
+                            blocks.push(((ino, i), from as usize..to as usize));
+                        }
+                    }
+                }
+            }
+            if blocks.len() > 1 {
+                self.cache.prefill(self, &mut blocks);
+            }
+        }
+    }
+
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> FsResult<u32> {
         if data.is_empty() {
             return Ok(0);

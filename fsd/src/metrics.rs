@@ -186,6 +186,11 @@ impl Collector for FsdCollector {
                 "Write-backs of a block's dirty sectors only.",
                 s.cache_partial_stores,
             ),
+            (
+                "rmemfs_cache_batched_misses",
+                "Misses of reads that came together, loaded in one batch.",
+                s.cache_batched_misses,
+            ),
         ] {
             family::counter(e, name, help, None, v)?;
         }

@@ -47,6 +47,7 @@ pub struct Snapshot {
     pub cache_partial_writes: u64,
     pub cache_partial_fills: u64,
     pub cache_partial_stores: u64,
+    pub cache_batched_misses: u64,
     pub cache_pages: u64,
     pub cache_capacity_pages: u64,
     pub block_size: u64,
@@ -143,6 +144,7 @@ impl Snapshot {
             cache_partial_writes: get(&c.partial_writes),
             cache_partial_fills: get(&c.partial_fills),
             cache_partial_stores: get(&c.partial_stores),
+            cache_batched_misses: get(&c.batched_misses),
             cache_pages: fs.cache().held_blocks() as u64,
             cache_capacity_pages: fs.cache().capacity_pages() as u64,
             block_size: fs.remote().block_size(),
@@ -265,7 +267,7 @@ mod tests {
 
     /// The keys of the stats object before it was written with serde, in their order
     /// then.
-    const KEYS: [&str; 42] = [
+    const KEYS: [&str; 43] = [
         "file_reads",
         "file_read_bytes",
         "file_writes",
@@ -289,6 +291,7 @@ mod tests {
         "cache_partial_writes",
         "cache_partial_fills",
         "cache_partial_stores",
+        "cache_batched_misses",
         "cache_pages",
         "cache_capacity_pages",
         "block_size",

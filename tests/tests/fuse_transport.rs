@@ -6,7 +6,7 @@
 //! to mount, saying why; each CPU queue gets the serving threads asked for, and
 //! more tasks than that on one CPU are all answered; SIGTERM in the middle of
 //! readers and writers on the ring ends fsd cleanly, with every reader and writer
-//! answered.
+//! answered; random reads that come together are loaded in one batch, exact.
 //!
 //! These tests turn `/sys/module/fuse/parameters/enable_uring` and
 //! `kernel.io_uring_disabled` on and off (each restored after), so they need root and
@@ -215,7 +215,7 @@ fn each_queue_has_the_ring_threads_asked_for_and_serves_more_tasks_than_that() {
             a.extend(["--ring-threads", n]);
         }
         let mount = FsdMount::start(&a);
-        let line = format!(" queues x {per_queue} threads)");
+        let line = format!(" queues x {per_queue} threads x ");
         let log = mount.stderr_with(&line);
         assert!(
             log.contains(&line),
@@ -235,6 +235,58 @@ fn each_queue_has_the_ring_threads_asked_for_and_serves_more_tasks_than_that() {
         assert!(ring_requests(&stats) > before, "the ring served none of it");
         mount.unmount();
     }
+}
+
+/// Random reads that reach a queue while its thread is busy are answered together:
+/// what they miss is loaded from remote memory in one batch (fsd counts those
+/// misses), and every byte each reader gets is exact. Eight readers on one CPU, a
+/// file 8 times `--cache`: most reads miss, and they queue behind each other.
+#[test]
+fn random_reads_that_come_together_are_loaded_in_one_batch_with_exact_data() {
+    use std::os::unix::fs::FileExt;
+    let (_lock, _on) = uring_on();
+    let stats = StatsFile::new();
+    let mount = FsdMount::start(&args(&stats, "io-uring"));
+    let data = Arc::new(Pattern::for_test("together").bytes(0, 16 * MIB as usize));
+    std::fs::write(mount.join("together"), &*data).unwrap();
+    let until = Instant::now() + Duration::from_secs(2);
+    let readers: Vec<_> = (0..8u64)
+        .map(|i| {
+            let file = std::fs::File::open(mount.join("together")).unwrap();
+            let data = data.clone();
+            std::thread::spawn(move || {
+                pin_to_cpu(0);
+                let mut buf = [0u8; 4096];
+                let mut seed = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i + 1);
+                let mut done = 0usize;
+                while Instant::now() < until {
+                    // xorshift: a different sequence of blocks per reader.
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    let at = (seed % (data.len() / buf.len()) as u64) as usize * buf.len();
+                    file.read_exact_at(&mut buf, at as u64)
+                        .unwrap_or_else(|e| panic!("read at {at}: {e}"));
+                    assert_bytes_eq(&data[at..at + buf.len()], &buf, at as u64, "together");
+                    done += 1;
+                }
+                done
+            })
+        })
+        .collect();
+    for r in readers {
+        assert!(
+            r.join().expect("a reader failed") > 0,
+            "a reader got nothing"
+        );
+    }
+    let batched = stats
+        .wait_for(Duration::from_secs(10), "misses loaded in a batch", |s| {
+            s.value("cache_batched_misses") > 0
+        })
+        .value("cache_batched_misses");
+    eprintln!("{batched} misses loaded in batches");
+    mount.unmount();
 }
 
 /// `n` threads busy on `mount` until `until`, each returning how much it did: the

@@ -790,6 +790,80 @@ fn random_reads_of_one_sector_hold_sectors_not_blocks() {
     assert_eq!(c.cached_pages(), 8);
 }
 
+/// Reads that came together: one load batch fetches what all of them lack, across
+/// files and whether they read one sector or more; the reads then find their bytes
+/// in the cache and load nothing. Each block loaded counts one miss and no hit.
+#[test]
+fn a_prefill_loads_what_several_reads_lack_in_one_batch_and_they_then_hit() {
+    let b = MemBacking::default();
+    // Groups of 4 pages: a batch holds the 3 blocks.
+    let c = sectored(16);
+    for (key, byte) in [((1, 0), 1u8), ((1, 3), 2), ((2, 1), 3)] {
+        let bytes: Vec<u8> = (0..BS as u8).map(|i| byte * 16 + i).collect();
+        lock(&b.blocks).insert(key, bytes);
+    }
+    // Two reads of the same block (merged into one load), a sector, a whole block.
+    let mut reads = vec![
+        ((2, 1), 4..8),
+        ((1, 3), 4..12),
+        ((1, 0), 0..BS),
+        ((2, 1), 6..10),
+    ];
+    c.prefill(&b, &mut reads);
+    assert_eq!(b.load_calls.load(Ordering::SeqCst), 1, "one batch");
+    let misses = c.counters.misses.load(Ordering::SeqCst);
+    assert_eq!(misses, 3, "a miss per block");
+    assert_eq!(c.counters.batched_misses.load(Ordering::SeqCst), 3);
+    for (key, from, to) in [
+        ((2, 1), 4, 8),
+        ((1, 3), 4, 12),
+        ((1, 0), 0, BS),
+        ((2, 1), 6, 10),
+    ] {
+        let want = &lock(&b.blocks)[&key][from..to].to_vec();
+        assert_eq!(
+            &read_fs(&c, &b, key, from, to),
+            want,
+            "{key:?} {from}..{to}"
+        );
+    }
+    assert_eq!(
+        b.load_calls.load(Ordering::SeqCst),
+        1,
+        "the reads loaded nothing"
+    );
+    assert_eq!(c.counters.misses.load(Ordering::SeqCst), 3);
+    // The fourth read found what the second loaded, as any later read would.
+    assert_eq!(c.counters.hits.load(Ordering::SeqCst), 1);
+}
+
+/// A block whose load fails in a prefill stays invalid: the read loads it again and
+/// reports the error, and the prefill's failure harms no other block of the batch.
+#[test]
+fn a_failed_prefill_leaves_the_read_to_load_and_fail() {
+    let b = MemBacking::default();
+    let c = sectored(8);
+    lock(&b.blocks).insert((1, 0), vec![7; BS]);
+    lock(&b.blocks).insert((1, 1), vec![8; BS]);
+    lock(&b.failing).push((1, 1));
+    c.prefill(&b, &mut vec![((1, 0), 0..4), ((1, 1), 0..4)]);
+    assert_eq!(read_fs(&c, &b, (1, 0), 0, 4), vec![7; 4]);
+    let failed = c.read(
+        &b,
+        1,
+        1..2,
+        |_| Fill::Read { from: 0, to: 4 },
+        |_, _, _| Ok(()),
+    );
+    assert!(failed.is_err(), "the read reports the failed load");
+    lock(&b.failing).clear();
+    assert_eq!(
+        read_fs(&c, &b, (1, 1), 0, 4),
+        vec![8; 4],
+        "and loads it once it can"
+    );
+}
+
 /// When random reads of sectors follow a stream of whole blocks, the memory of the
 /// blocks the cache lets go is given back as the sectors come, by the requests
 /// themselves (no cleaner runs here): the two slabs never hold much more than the

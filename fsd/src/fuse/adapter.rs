@@ -4,7 +4,7 @@
 //! each end and two atomic additions.
 
 use super::ops::{
-    xattr_answer, CopyRange, DirSink, FuseOps, Opened, Req, SetAttrIn, Statfs, Xattr,
+    xattr_answer, CopyRange, DirSink, FuseOps, Opened, ReadAt, Req, SetAttrIn, Statfs, Xattr,
 };
 use super::timing::{FuseKind, FuseTiming};
 use super::{configure_kernel, enable_posix_acl, errno, CacheMode};
@@ -334,6 +334,12 @@ impl FuseOps for FuseAdapter {
     ) -> Result<usize, Errno> {
         let _t = self.timing.start(FuseKind::Read);
         mapped(self.fs.read_into(ino, offset, buf))
+    }
+
+    fn prefetch_reads(&self, reads: &[ReadAt]) {
+        let reads: Vec<(u64, u64, usize)> =
+            reads.iter().map(|r| (r.ino, r.offset, r.len)).collect();
+        self.fs.prefetch_reads(&reads);
     }
 
     fn write(

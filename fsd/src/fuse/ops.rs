@@ -32,6 +32,14 @@ pub struct SetAttrIn {
 }
 
 /// An open file or directory: its handle and how the kernel is to treat it.
+/// What one READ request asks for: `len` bytes of file `ino` at `offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadAt {
+    pub ino: u64,
+    pub offset: u64,
+    pub len: usize,
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct Opened {
     pub fh: u64,
@@ -158,6 +166,12 @@ pub trait FuseOps: Send + Sync + 'static {
             fh: 0,
             flags: FopenFlags::empty(),
         })
+    }
+    /// A hint before the reads `reads` are answered one by one: they came together,
+    /// so what they lack can be fetched in one round trip rather than one each. The
+    /// reads themselves still do the work and report errors.
+    fn prefetch_reads(&self, reads: &[ReadAt]) {
+        let _ = reads;
     }
     /// Reads into `buf` (as long as the request's size) and returns how many bytes
     /// are valid; fewer than asked only at the end of the file.

@@ -8,7 +8,7 @@
 //! and every reply argument, fixed structs included, in the payload.
 
 use super::abi::{self, fattr, op, Fields, InHeader, Put};
-use crate::fuse::ops::{CopyRange, DirSink, FuseOps, Opened, Req, SetAttrIn, Xattr};
+use crate::fuse::ops::{CopyRange, DirSink, FuseOps, Opened, ReadAt, Req, SetAttrIn, Xattr};
 use crate::fuse::TTL;
 use fuser::{Errno, FileAttr, FileType, TimeOrNow};
 use std::ffi::OsStr;
@@ -39,6 +39,21 @@ pub fn answer<O: FuseOps + ?Sized>(
     abi::put_out_header(&mut header[..abi::IN_OUT_LEN], error, h.unique, len);
     Put::new(&mut header[abi::PAYLOAD_SZ_AT..abi::PAYLOAD_SZ_AT + 4]).u32(len as u32);
     Some(commit_id)
+}
+
+/// The file, offset and length a READ request in `header` asks for, or None for any
+/// other request: what a batch of requests tells [`FuseOps::prefetch_reads`].
+pub fn read_of(header: &[u8; abi::HEADER_LEN]) -> Option<ReadAt> {
+    let h = InHeader::parse(&header[..abi::IN_OUT_LEN])?;
+    if h.opcode != op::READ {
+        return None;
+    }
+    let (_fh, offset, size) = read_in(&mut Fields::new(&header[abi::OP_IN_AT..abi::ENT_AT]))?;
+    Some(ReadAt {
+        ino: h.nodeid,
+        offset,
+        len: size,
+    })
 }
 
 fn name(b: &[u8]) -> &OsStr {
