@@ -1098,9 +1098,14 @@ impl PageCache {
     /// Loads ahead what reads about to be answered lack, in one batch per group of
     /// pages: `reads` are blocks with the bytes of each to be read (as
     /// [`Fill::Read`]). Pages are made as those reads would make them; the reads
-    /// then find them valid. Nothing is returned: a failed load leaves the page
-    /// invalid, and the read that follows loads it again and reports the error.
-    pub fn prefill(&self, backing: &dyn Backing, reads: &mut Vec<(PageKey, Range<usize>)>) {
+    /// then find them valid. Returns how many pages it loaded into. A failed load
+    /// leaves its page invalid, and the read that follows loads it again and reports
+    /// the error.
+    pub fn prefill(
+        &self,
+        backing: &dyn Backing,
+        reads: &mut Vec<(PageKey, Range<usize>)>,
+    ) -> usize {
         // Ascending keys: the lock order for several pages. One load per block.
         reads.sort_unstable_by_key(|(k, r)| (*k, r.start));
         reads.dedup_by(|later, kept| {
@@ -1110,6 +1115,7 @@ impl PageCache {
             }
             same
         });
+        let mut loaded = 0;
         for chunk in reads.chunks(self.group_len()) {
             let keys: Vec<PageKey> = chunk.iter().map(|(k, _)| *k).collect();
             let hows: Vec<Fill> = chunk
@@ -1120,10 +1126,12 @@ impl PageCache {
                 })
                 .collect();
             let nothing = &mut |_, _, _: &mut [u8], _: &mut bool| Ok(());
-            if let Err(e) = self.access_group(backing, &keys, &hows, true, true, nothing) {
-                log::debug!("loading ahead for a batch of reads: {e}");
+            match self.access_group(backing, &keys, &hows, true, true, nothing) {
+                Ok(n) => loaded += n,
+                Err(e) => log::debug!("loading ahead for a batch of reads: {e}"),
             }
         }
+        loaded
     }
 
     /// The pages of `keys` (ascending), locked together, each filled as `hows` says:
@@ -1137,7 +1145,7 @@ impl PageCache {
         sector_pages: bool,
         ahead: bool,
         f: &mut F,
-    ) -> Result<(), FsError>
+    ) -> Result<usize, FsError>
     where
         F: FnMut(u64, usize, &mut [u8], &mut bool) -> Result<(), FsError>,
     {
@@ -1219,6 +1227,7 @@ impl PageCache {
                     }
                 }
             }
+            let loaded = to_load.len();
             if !to_load.is_empty() {
                 let mut batch: Vec<(PageKey, &mut PageState, u64)> =
                     Vec::with_capacity(to_load.len());
@@ -1278,19 +1287,19 @@ impl PageCache {
                     }
                     g.dirty |= touches[n];
                 }
-                if result.is_err() {
+                if let Err(e) = result {
                     drop(guards);
                     if grew {
                         self.shrink(backing);
                     }
-                    return result;
+                    return Err(e);
                 }
             }
             drop(guards);
             if grew {
                 self.shrink(backing);
             }
-            return Ok(());
+            return Ok(loaded);
         }
     }
 

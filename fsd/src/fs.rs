@@ -701,11 +701,12 @@ impl RmemFs {
     /// each file go in one batch (`PageCache::prefill`), under the file's I/O lock as
     /// its reads take it. Reads that continue a stream, the file's last read or one
     /// of the batch, are left to the stream's own read-ahead, and so are files this
-    /// cannot read: their reads report it.
-    pub fn prefetch_reads(&self, reads: &[(Ino, u64, usize)]) {
+    /// cannot read: their reads report it. Returns how many blocks it loaded into.
+    pub fn prefetch_reads(&self, reads: &[(Ino, u64, usize)]) -> usize {
         let mut reads = reads.to_vec();
         reads.sort_unstable();
         let bs = self.block_size;
+        let mut loaded = 0;
         for file in reads.chunk_by(|a, b| a.0 == b.0) {
             let ino = file[0].0;
             let Ok(inode) = self.file_inode(ino) else {
@@ -738,9 +739,10 @@ impl RmemFs {
                 }
             }
             if blocks.len() > 1 {
-                self.cache.prefill(self, &mut blocks);
+                loaded += self.cache.prefill(self, &mut blocks);
             }
         }
+        loaded
     }
 
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> FsResult<u32> {

@@ -336,10 +336,14 @@ impl FuseOps for FuseAdapter {
         mapped(self.fs.read_into(ino, offset, buf))
     }
 
-    fn prefetch_reads(&self, reads: &[ReadAt]) {
+    fn prefetch_reads(&self, reads: &[ReadAt]) -> usize {
         let reads: Vec<(u64, u64, usize)> =
             reads.iter().map(|r| (r.ino, r.offset, r.len)).collect();
-        self.fs.prefetch_reads(&reads);
+        self.fs.prefetch_reads(&reads)
+    }
+
+    fn gathers_reads(&self) -> bool {
+        true
     }
 
     fn write(

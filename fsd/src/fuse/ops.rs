@@ -169,9 +169,16 @@ pub trait FuseOps: Send + Sync + 'static {
     }
     /// A hint before the reads `reads` are answered one by one: they came together,
     /// so what they lack can be fetched in one round trip rather than one each. The
-    /// reads themselves still do the work and report errors.
-    fn prefetch_reads(&self, reads: &[ReadAt]) {
+    /// reads themselves still do the work and report errors. Returns how many
+    /// blocks it fetched: none when the reads will find all they need at hand.
+    fn prefetch_reads(&self, reads: &[ReadAt]) -> usize {
         let _ = reads;
+        0
+    }
+    /// Whether [`FuseOps::prefetch_reads`] gains from reads that come together, so
+    /// that a transport should give them a chance to (see `ring.rs`, `Company`).
+    fn gathers_reads(&self) -> bool {
+        false
     }
     /// Reads into `buf` (as long as the request's size) and returns how many bytes
     /// are valid; fewer than asked only at the end of the file.
