@@ -719,7 +719,8 @@ impl RmemFs {
                 let meta = inode.meta();
                 let size = meta.attr.size;
                 for &(_, offset, len) in file {
-                    let continues = |&(_, o, l): &(Ino, u64, usize)| o + l as u64 == offset;
+                    let continues =
+                        |&(_, o, l): &(Ino, u64, usize)| o.saturating_add(l as u64) == offset;
                     if offset >= size
                         || len == 0
                         || offset == next_read

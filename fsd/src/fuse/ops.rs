@@ -31,7 +31,6 @@ pub struct SetAttrIn {
     pub mtime: Option<TimeOrNow>,
 }
 
-/// An open file or directory: its handle and how the kernel is to treat it.
 /// What one READ request asks for: `len` bytes of file `ino` at `offset`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadAt {
@@ -40,6 +39,7 @@ pub struct ReadAt {
     pub len: usize,
 }
 
+/// An open file or directory: its handle and how the kernel is to treat it.
 #[derive(Clone, Copy, Debug)]
 pub struct Opened {
     pub fh: u64,
