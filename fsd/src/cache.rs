@@ -168,8 +168,8 @@ pub struct CacheCounters {
     pub partial_fills: AtomicU64,
     /// Write-backs of a page's dirty sectors only.
     pub partial_stores: AtomicU64,
-    /// Misses of reads that came together, loaded in one batch before the reads were
-    /// answered ([`PageCache::prefill`]); counted in `misses` too.
+    /// Misses of reads that came together, loaded in one batch
+    /// ([`PageCache::read_together`]); counted in `misses` too.
     pub batched_misses: AtomicU64,
 }
 
@@ -296,9 +296,6 @@ impl PageState {
 struct Page {
     key: PageKey,
     state: Mutex<PageState>,
-    /// Made by [`PageCache::prefill`], which counted its miss: the read it was made
-    /// for counts no hit when it finds it.
-    loaded_ahead: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -681,13 +678,14 @@ impl PageCache {
 
     /// Returns the page for `key`, creating it (holding nothing) if needed, evicting as
     /// needed: a sector page of the sector starting at `sector` if given, else a page of
-    /// the whole block. Must be called with no page mutex held.
+    /// the whole block; `batched`: a miss is one of reads that came together. Must
+    /// be called with no page mutex held.
     fn acquire(
         &self,
         backing: &dyn Backing,
         key: PageKey,
         sector: Option<usize>,
-        ahead: bool,
+        batched: bool,
     ) -> Arc<Page> {
         // Set when an eviction round freed nothing (every victim busy): allocate
         // instead of spinning on the same busy pages.
@@ -705,18 +703,12 @@ impl PageCache {
                     continue;
                 }
                 if let Some(p) = idx.lru.get(&key) {
-                    let made_for_this = p.loaded_ahead.load(Ordering::Relaxed)
-                        && p.loaded_ahead.swap(false, Ordering::Relaxed);
-                    if !ahead && !made_for_this {
-                        self.counters.hits.fetch_add(1, Ordering::Relaxed);
-                    }
+                    self.counters.hits.fetch_add(1, Ordering::Relaxed);
                     return p.clone();
                 }
                 if let Some(p) = idx.evicting.remove(&key) {
                     // Still being written back: take it back rather than re-read.
-                    if !ahead {
-                        self.counters.hits.fetch_add(1, Ordering::Relaxed);
-                    }
+                    self.counters.hits.fetch_add(1, Ordering::Relaxed);
                     idx.lru.put(key, p.clone());
                     return p;
                 }
@@ -729,7 +721,7 @@ impl PageCache {
                 let force = idx.lru.is_empty() || overshoot;
                 if let Some(buf) = self.take_buf(&mut idx, len, force) {
                     self.counters.misses.fetch_add(1, Ordering::Relaxed);
-                    if ahead {
+                    if batched {
                         self.counters.batched_misses.fetch_add(1, Ordering::Relaxed);
                     }
                     let (buf, sectors) = match sector {
@@ -738,7 +730,6 @@ impl PageCache {
                     };
                     let page = Arc::new(Page {
                         key,
-                        loaded_ahead: AtomicBool::new(ahead),
                         state: Mutex::new(PageState {
                             buf,
                             sectors,
@@ -1095,29 +1086,31 @@ impl PageCache {
         Ok(())
     }
 
-    /// Loads ahead what reads about to be answered lack, in one batch per group of
-    /// pages: `reads` are blocks with the bytes of each to be read (as
-    /// [`Fill::Read`]). Pages are made as those reads would make them; the reads
-    /// then find them valid. Returns how many pages it loaded into. A failed load
-    /// leaves its page invalid, and the read that follows loads it again and reports
-    /// the error.
-    pub fn prefill(
+    /// Reads for reads that came together what each wants of its block, with one
+    /// batch of loads for all that the cache lacks (per group of pages): `blocks`
+    /// are block indices of file `ino` in ascending order, each once, with the bytes
+    /// of it wanted (as [`Fill::Read`]). Runs `f(block index, base, bytes)` as
+    /// [`PageCache::read`] does. Their misses count as batched ones too. Returns how
+    /// many pages it loaded into. A failed load fails its group before `f` runs on
+    /// any page of it (the groups before it were read); the pages whose loads
+    /// worked keep what they loaded.
+    pub fn read_together<F>(
         &self,
         backing: &dyn Backing,
-        reads: &mut Vec<(PageKey, Range<usize>)>,
-    ) -> usize {
-        // Ascending keys: the lock order for several pages. One load per block.
-        reads.sort_unstable_by_key(|(k, r)| (*k, r.start));
-        reads.dedup_by(|later, kept| {
-            let same = later.0 == kept.0;
-            if same {
-                kept.1.end = kept.1.end.max(later.1.end);
-            }
-            same
-        });
+        ino: u64,
+        blocks: &[(u64, Range<usize>)],
+        mut f: F,
+    ) -> Result<usize, FsError>
+    where
+        F: FnMut(u64, usize, &[u8]) -> Result<(), FsError>,
+    {
+        debug_assert!(
+            blocks.windows(2).all(|w| w[0].0 < w[1].0),
+            "ascending, once each"
+        );
         let mut loaded = 0;
-        for chunk in reads.chunks(self.group_len()) {
-            let keys: Vec<PageKey> = chunk.iter().map(|(k, _)| *k).collect();
+        for chunk in blocks.chunks(self.group_len()) {
+            let keys: Vec<PageKey> = chunk.iter().map(|(i, _)| (ino, *i)).collect();
             let hows: Vec<Fill> = chunk
                 .iter()
                 .map(|(_, r)| Fill::Read {
@@ -1125,25 +1118,22 @@ impl PageCache {
                     to: r.end,
                 })
                 .collect();
-            let nothing = &mut |_, _, _: &mut [u8], _: &mut bool| Ok(());
-            match self.access_group(backing, &keys, &hows, true, true, nothing) {
-                Ok(n) => loaded += n,
-                Err(e) => log::debug!("loading ahead for a batch of reads: {e}"),
-            }
+            let read = &mut |i, base, bytes: &mut [u8], _: &mut bool| f(i, base, bytes);
+            loaded += self.access_group(backing, &keys, &hows, true, true, read)?;
         }
-        loaded
+        Ok(loaded)
     }
 
     /// The pages of `keys` (ascending), locked together, each filled as `hows` says:
     /// one batch of loads for all of them, then `f` on each in turn (see
-    /// [`PageCache::access_pages`]). `ahead`: for [`PageCache::prefill`].
+    /// [`PageCache::access_pages`]). `batched`: for [`PageCache::read_together`].
     fn access_group<F>(
         &self,
         backing: &dyn Backing,
         keys: &[PageKey],
         hows: &[Fill],
         sector_pages: bool,
-        ahead: bool,
+        batched: bool,
         f: &mut F,
     ) -> Result<usize, FsError>
     where
@@ -1158,7 +1148,7 @@ impl PageCache {
                 .zip(hows)
                 .map(|(&key, &how)| {
                     let sector = self.sector_read(how).filter(|_| sector_pages);
-                    self.acquire(backing, key, sector, ahead)
+                    self.acquire(backing, key, sector, batched)
                 })
                 .collect();
             self.trim_if_due();

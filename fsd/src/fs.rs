@@ -121,6 +121,16 @@ impl FileCounters {
     }
 }
 
+/// A read that came with others (see [`RmemFs::read_together`]): `dst.len()` bytes
+/// of file `ino` at `offset`, and once answered how many of them it read (fewer
+/// only at the end of the file).
+pub struct ReadTogether<'a> {
+    pub ino: Ino,
+    pub offset: u64,
+    pub dst: &'a mut [u8],
+    pub done: Option<usize>,
+}
+
 pub struct RmemFs {
     ns: Namespace,
     pub counters: FileCounters,
@@ -696,51 +706,95 @@ impl RmemFs {
         Ok(done)
     }
 
-    /// Loads together what random reads about to be answered lack: `reads` are
-    /// (file, offset, length), as they came in one batch of requests. The reads of
-    /// each file go in one batch (`PageCache::prefill`), under the file's I/O lock as
-    /// its reads take it. Reads that continue a stream, the file's last read or one
-    /// of the batch, are left to the stream's own read-ahead, and so are files this
-    /// cannot read: their reads report it. Returns how many blocks it loaded into.
-    pub fn prefetch_reads(&self, reads: &[(Ino, u64, usize)]) -> usize {
-        let mut reads = reads.to_vec();
-        reads.sort_unstable();
+    /// Answers random reads that came together, what they miss loaded in one round
+    /// trip per file (`PageCache::read_together`), under the file's I/O lock as
+    /// [`RmemFs::read_into`] takes it. It leaves to `read_into` (their `done` stays
+    /// None) the reads that continue a stream, the file's last read or one of the
+    /// batch (the stream's read-ahead is there), that span blocks, read a hole or
+    /// start at or past the end of the file, those of files it cannot read (the read
+    /// reports why), and those whose load failed (the read loads again and reports
+    /// the error). Returns how many blocks it loaded.
+    pub fn read_together(&self, reads: &mut [ReadTogether<'_>]) -> usize {
+        let mut order: Vec<usize> = (0..reads.len()).collect();
+        order.sort_unstable_by_key(|&n| (reads[n].ino, reads[n].offset, n));
         let bs = self.block_size;
         let mut loaded = 0;
-        for file in reads.chunk_by(|a, b| a.0 == b.0) {
-            let ino = file[0].0;
+        let inos: Vec<Ino> = reads.iter().map(|r| r.ino).collect();
+        for file in order.chunk_by(|&a, &b| inos[a] == inos[b]) {
+            let ino = reads[file[0]].ino;
             let Ok(inode) = self.file_inode(ino) else {
                 continue;
             };
             let _io = inode.io_shared();
-            let next_read = inode.next_read.load(Ordering::Relaxed);
-            let mut blocks = Vec::new();
+            // The reads answered here, by offset: (block, its bytes they read, read).
+            let mut wanted: Vec<(u64, std::ops::Range<usize>, usize)> =
+                Vec::with_capacity(file.len());
             {
                 let meta = inode.meta();
                 let size = meta.attr.size;
-                for &(_, offset, len) in file {
-                    let continues =
-                        |&(_, o, l): &(Ino, u64, usize)| o.saturating_add(l as u64) == offset;
+                let next_read = inode.next_read.load(Ordering::Relaxed);
+                let end_of = |r: &ReadTogether<'_>| r.offset.saturating_add(r.dst.len() as u64);
+                for &n in file {
+                    let (offset, len) = (reads[n].offset, reads[n].dst.len() as u64);
                     if offset >= size
                         || len == 0
                         || offset == next_read
-                        || file.iter().any(continues)
+                        || file.iter().any(|&m| end_of(&reads[m]) == offset)
                     {
                         continue;
                     }
-                    let end = size.min(offset.saturating_add(len as u64));
-                    for i in offset / bs..=(end - 1) / bs {
-                        if meta.blocks.contains_key(&i) {
-                            let start = i * bs;
-                            let from = offset.max(start) - start;
-                            let to = end.min(start + bs) - start;
-                            blocks.push(((ino, i), from as usize..to as usize));
-                        }
+                    let end = size.min(offset.saturating_add(len));
+                    let i = offset / bs;
+                    if (end - 1) / bs != i || !meta.blocks.contains_key(&i) {
+                        continue;
                     }
+                    let start = i * bs;
+                    wanted.push((i, (offset - start) as usize..(end - start) as usize, n));
                 }
             }
-            if blocks.len() > 1 {
-                loaded += self.cache.prefill(self, &mut blocks);
+            if wanted.is_empty() {
+                continue;
+            }
+            self.accessed(&inode);
+            // One range per block: all that its reads want.
+            let mut blocks: Vec<(u64, std::ops::Range<usize>)> = Vec::with_capacity(wanted.len());
+            for (i, r, _) in &wanted {
+                match blocks.last_mut() {
+                    Some((j, all)) if j == i => all.end = all.end.max(r.end),
+                    _ => blocks.push((*i, r.clone())),
+                }
+            }
+            let read = self
+                .cache
+                .read_together(self, ino, &blocks, |i, base, buf| {
+                    for (_, r, n) in wanted.iter().filter(|w| w.0 == i) {
+                        // A sector page's buffer starts at its sector (`base`).
+                        let part = &buf[r.start - base..r.end - base];
+                        reads[*n].dst[..part.len()].copy_from_slice(part);
+                        reads[*n].done = Some(part.len());
+                    }
+                    Ok(())
+                });
+            match read {
+                Ok(n) => loaded += n,
+                Err(e) => log::debug!("reads that came together: {e}; each is read alone"),
+            }
+            let c = &self.counters;
+            for &(_, _, n) in &wanted {
+                if let Some(done) = reads[n].done {
+                    FileCounters::count(&c.reads, &c.read_bytes, done);
+                }
+            }
+            // The file's next read continues a stream if it follows the last read
+            // answered, as after reads answered one by one; when reads of it are left
+            // to `read_into`, they set that as they are answered.
+            if file.iter().all(|&n| reads[n].done.is_some()) {
+                let last = file.iter().max().map(|&n| &reads[n]);
+                if let Some(r) = last {
+                    inode.readahead_to.store(0, Ordering::Relaxed);
+                    let end = r.offset + r.done.unwrap_or(0) as u64;
+                    inode.next_read.store(end, Ordering::Relaxed);
+                }
             }
         }
         loaded

@@ -790,77 +790,98 @@ fn random_reads_of_one_sector_hold_sectors_not_blocks() {
     assert_eq!(c.cached_pages(), 8);
 }
 
-/// Reads that came together: one load batch fetches what all of them lack, across
-/// files and whether they read one sector or more; the reads then find their bytes
-/// in the cache and load nothing. Each block loaded counts one miss and no hit.
+/// What `read_together` gives each block: (block, base, bytes).
+fn read_all_together(
+    c: &PageCache,
+    b: &MemBacking,
+    ino: u64,
+    blocks: &[(u64, Range<usize>)],
+) -> Result<Vec<(u64, usize, Vec<u8>)>, FsError> {
+    let mut got = Vec::new();
+    c.read_together(b, ino, blocks, |i, base, bytes| {
+        got.push((i, base, bytes.to_vec()));
+        Ok(())
+    })?;
+    Ok(got)
+}
+
+/// Reads that came together: one load batch fetches what all of them lack, whether
+/// they read one sector or more, and each block's bytes reach the callback, the
+/// buffer of a sector page starting at its sector. A miss each, counted as batched;
+/// reading them again loads nothing and counts hits.
 #[test]
-fn a_prefill_loads_what_several_reads_lack_in_one_batch_and_they_then_hit() {
+fn reads_together_load_what_they_lack_in_one_batch() {
     let b = MemBacking::default();
     // Groups of 4 pages: a batch holds the 3 blocks.
     let c = sectored(16);
-    for (key, byte) in [((1, 0), 1u8), ((1, 3), 2), ((2, 1), 3)] {
+    for (key, byte) in [((1, 0), 1u8), ((1, 3), 2), ((1, 5), 3)] {
         let bytes: Vec<u8> = (0..BS as u8).map(|i| byte * 16 + i).collect();
         lock(&b.blocks).insert(key, bytes);
     }
-    // Two reads of the same block (merged into one load), a sector, a whole block.
-    let mut reads = vec![
-        ((2, 1), 4..8),
-        ((1, 3), 4..12),
-        ((1, 0), 0..BS),
-        ((2, 1), 6..10),
-    ];
-    c.prefill(&b, &mut reads);
+    // A sector, two sectors (a whole-block page), the whole block.
+    let blocks = [(0, SECTOR..2 * SECTOR), (3, 2..SECTOR + 2), (5, 0..BS)];
+    let got = read_all_together(&c, &b, 1, &blocks).unwrap();
     assert_eq!(b.load_calls.load(Ordering::SeqCst), 1, "one batch");
-    let misses = c.counters.misses.load(Ordering::SeqCst);
-    assert_eq!(misses, 3, "a miss per block");
-    assert_eq!(c.counters.batched_misses.load(Ordering::SeqCst), 3);
-    for (key, from, to) in [
-        ((2, 1), 4, 8),
-        ((1, 3), 4, 12),
-        ((1, 0), 0, BS),
-        ((2, 1), 6, 10),
-    ] {
-        let want = &lock(&b.blocks)[&key][from..to].to_vec();
+    assert_eq!(got.len(), 3);
+    for ((i, base, bytes), (want_i, range)) in got.iter().zip(&blocks) {
+        assert_eq!(i, want_i);
+        let block = &lock(&b.blocks)[&(1, *i)];
         assert_eq!(
-            &read_fs(&c, &b, key, from, to),
-            want,
-            "{key:?} {from}..{to}"
+            &bytes[range.start - base..range.end - base],
+            &block[range.clone()]
         );
     }
     assert_eq!(
+        got[0].1, SECTOR,
+        "a sector page's buffer starts at its sector"
+    );
+    assert_eq!(
+        c.counters.misses.load(Ordering::SeqCst),
+        3,
+        "a miss per block"
+    );
+    assert_eq!(c.counters.batched_misses.load(Ordering::SeqCst), 3);
+    assert_eq!(c.counters.hits.load(Ordering::SeqCst), 0);
+    read_all_together(&c, &b, 1, &blocks).unwrap();
+    assert_eq!(
         b.load_calls.load(Ordering::SeqCst),
         1,
-        "the reads loaded nothing"
+        "then the cache has them"
     );
+    assert_eq!(c.counters.hits.load(Ordering::SeqCst), 3);
     assert_eq!(c.counters.misses.load(Ordering::SeqCst), 3);
-    // The fourth read found what the second loaded, as any later read would.
-    assert_eq!(c.counters.hits.load(Ordering::SeqCst), 1);
 }
 
-/// A block whose load fails in a prefill stays invalid: the read loads it again and
-/// reports the error, and the prefill's failure harms no other block of the batch.
+/// A block whose load fails fails the batch before any bytes reach the callback;
+/// the other block of the batch keeps what it loaded, and the failed one is loaded
+/// again by the next read, which gets it once it can.
 #[test]
-fn a_failed_prefill_leaves_the_read_to_load_and_fail() {
+fn a_failed_load_fails_reads_together_and_leaves_the_rest_loaded() {
     let b = MemBacking::default();
     let c = sectored(8);
     lock(&b.blocks).insert((1, 0), vec![7; BS]);
     lock(&b.blocks).insert((1, 1), vec![8; BS]);
     lock(&b.failing).push((1, 1));
-    c.prefill(&b, &mut vec![((1, 0), 0..4), ((1, 1), 0..4)]);
+    let blocks = [(0, 0..4), (1, 0..4)];
+    let mut called = false;
+    let failed = c.read_together(&b, 1, &blocks, |_, _, _| {
+        called = true;
+        Ok(())
+    });
+    assert!(failed.is_err(), "the failed load is reported");
+    assert!(!called, "no bytes of a failed batch are given");
+    let loads = b.load_calls.load(Ordering::SeqCst);
     assert_eq!(read_fs(&c, &b, (1, 0), 0, 4), vec![7; 4]);
-    let failed = c.read(
-        &b,
-        1,
-        1..2,
-        |_| Fill::Read { from: 0, to: 4 },
-        |_, _, _| Ok(()),
+    assert_eq!(
+        b.load_calls.load(Ordering::SeqCst),
+        loads,
+        "the good block stayed"
     );
-    assert!(failed.is_err(), "the read reports the failed load");
     lock(&b.failing).clear();
     assert_eq!(
         read_fs(&c, &b, (1, 1), 0, 4),
         vec![8; 4],
-        "and loads it once it can"
+        "and the failed one loads once it can"
     );
 }
 

@@ -604,3 +604,83 @@ fn a_sequential_writer_has_its_finished_blocks_written_behind_it() {
 }
 
 mod volume;
+
+/// Random reads that came together are answered together, with the bytes written,
+/// from remote memory; those `read_together` leaves alone (a stream's next read, a
+/// read across blocks, of a hole, past the end, of a file that is none) are then
+/// answered by `read_into` as ever.
+#[test]
+fn reads_together_answer_random_reads_and_leave_the_rest_to_read_into() {
+    const BLOCK: u64 = 64 << 10;
+    let r = rig_of(
+        64 << 20,
+        8 * BLOCK,
+        1 << 20,
+        BLOCK,
+        Arc::new(Faults::default()),
+    );
+    let (f, g) = (new_file(&r.fs, "f"), new_file(&r.fs, "g"));
+    let data = pattern(32 * BLOCK as usize, 3);
+    // g first: f's blocks then push it out of the cache. Block 25 of f stays a hole.
+    r.fs.write(g, 0, &data[..BLOCK as usize]).unwrap();
+    r.fs.write(f, 0, &data[..25 * BLOCK as usize]).unwrap();
+    r.fs.write(f, 26 * BLOCK, &data[26 * BLOCK as usize..])
+        .unwrap();
+    // A stream: the read after this one continues it.
+    r.fs.read(f, 30 * BLOCK, 4096).unwrap();
+    // (file, offset, length, answered together)
+    let asks: [(Ino, u64, usize, bool); 10] = [
+        (f, 3 * BLOCK + 100, 4096, true),
+        (f, 10 * BLOCK + 8192, 4096, true),
+        (f, 10 * BLOCK + 20000, 3000, true), // the same block as the one before
+        (g, 512, 1000, true),
+        (f, 3 * BLOCK + 100 + 4096, 4096, false), // continues the first
+        (f, 30 * BLOCK + 4096, 4096, false),      // continues the stream
+        (f, 21 * BLOCK - 2048, 4096, false),      // across two blocks
+        (f, 25 * BLOCK + 4096, 4096, false),      // a hole
+        (f, 32 * BLOCK, 4096, false),             // at the end
+        (9999, 0, 4096, false),                   // no such file
+    ];
+    let mut bufs: Vec<Vec<u8>> = asks.iter().map(|a| vec![0xee; a.2]).collect();
+    let remote_before = r.fs.remote().counters.read_bytes.load(Ordering::Relaxed);
+    let mut reads: Vec<ReadTogether<'_>> = asks
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(&(ino, offset, _, _), dst)| ReadTogether {
+            ino,
+            offset,
+            dst,
+            done: None,
+        })
+        .collect();
+    let loaded = r.fs.read_together(&mut reads);
+    let done: Vec<Option<usize>> = reads.iter().map(|r| r.done).collect();
+    drop(reads);
+    assert!(
+        loaded >= 3,
+        "the blocks of f and g were not cached: {loaded} loaded"
+    );
+    assert!(
+        r.fs.remote().counters.read_bytes.load(Ordering::Relaxed) > remote_before,
+        "read from remote memory"
+    );
+    for ((&(ino, offset, len, together), buf), done) in asks.iter().zip(&bufs).zip(&done) {
+        if !together {
+            assert_eq!(*done, None, "left alone: {offset}");
+            continue;
+        }
+        assert_eq!(*done, Some(len), "{ino} {offset}");
+        let at = offset as usize;
+        assert!(buf[..] == data[at..at + len], "bytes of {ino} at {offset}");
+    }
+    // What it left, read_into answers as before.
+    assert_eq!(
+        r.fs.read(f, 25 * BLOCK + 4096, 4096).unwrap(),
+        vec![0; 4096],
+        "the hole"
+    );
+    let across = (21 * BLOCK - 2048) as usize;
+    assert!(r.fs.read(f, across as u64, 4096).unwrap() == data[across..across + 4096]);
+    assert!(r.fs.read(f, 32 * BLOCK, 4096).unwrap().is_empty());
+    assert!(r.fs.read(9999, 0, 4096).is_err());
+}

@@ -4,7 +4,7 @@
 //! each end and two atomic additions.
 
 use super::ops::{
-    xattr_answer, CopyRange, DirSink, FuseOps, Opened, ReadAt, Req, SetAttrIn, Statfs, Xattr,
+    xattr_answer, CopyRange, DirSink, FuseOps, Opened, ReadTogether, Req, SetAttrIn, Statfs, Xattr,
 };
 use super::timing::{FuseKind, FuseTiming};
 use super::{configure_kernel, enable_posix_acl, errno, CacheMode};
@@ -17,6 +17,7 @@ use fuser::{Errno, FileAttr, FileType, INodeNo, KernelConfig, TimeOrNow};
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 fn file_type(k: FileKind) -> FileType {
     match k {
@@ -336,10 +337,28 @@ impl FuseOps for FuseAdapter {
         mapped(self.fs.read_into(ino, offset, buf))
     }
 
-    fn prefetch_reads(&self, reads: &[ReadAt]) -> usize {
-        let reads: Vec<(u64, u64, usize)> =
-            reads.iter().map(|r| (r.ino, r.offset, r.len)).collect();
-        self.fs.prefetch_reads(&reads)
+    fn read_together(&self, reads: &mut [ReadTogether<'_>]) -> usize {
+        let started = Instant::now();
+        let mut together: Vec<crate::fs::ReadTogether<'_>> = reads
+            .iter_mut()
+            .map(|r| crate::fs::ReadTogether {
+                ino: r.at.ino,
+                offset: r.at.offset,
+                dst: &mut *r.buf,
+                done: None,
+            })
+            .collect();
+        let loaded = self.fs.read_together(&mut together);
+        let done: Vec<Option<usize>> = together.iter().map(|t| t.done).collect();
+        drop(together);
+        let mut answered = 0;
+        for (r, done) in reads.iter_mut().zip(done) {
+            r.done = done;
+            answered += done.is_some() as u64;
+        }
+        let latency = self.timing.histogram(FuseKind::Read);
+        latency.observe_many(started.elapsed(), answered);
+        loaded
     }
 
     fn gathers_reads(&self) -> bool {

@@ -39,6 +39,14 @@ pub struct ReadAt {
     pub len: usize,
 }
 
+/// A READ answered with others ([`FuseOps::read_together`]): what it asks for, the
+/// buffer its bytes go to (as long as it asks), and how many it got once answered.
+pub struct ReadTogether<'a> {
+    pub at: ReadAt,
+    pub buf: &'a mut [u8],
+    pub done: Option<usize>,
+}
+
 /// An open file or directory: its handle and how the kernel is to treat it.
 #[derive(Clone, Copy, Debug)]
 pub struct Opened {
@@ -167,15 +175,16 @@ pub trait FuseOps: Send + Sync + 'static {
             flags: FopenFlags::empty(),
         })
     }
-    /// A hint before the reads `reads` are answered one by one: they came together,
-    /// so what they lack can be fetched in one round trip rather than one each. The
-    /// reads themselves still do the work and report errors. Returns how many
-    /// blocks it fetched: none when the reads will find all they need at hand.
-    fn prefetch_reads(&self, reads: &[ReadAt]) -> usize {
+    /// Answers reads that came together, so that what they lack can be fetched in
+    /// one round trip rather than one each: sets `done` of those it read into
+    /// `buf` (each as [`FuseOps::read`] would). The others, all by default, are then
+    /// answered one by one, which also reports any error. Returns how many blocks
+    /// it fetched: none when the reads found all they needed at hand.
+    fn read_together(&self, reads: &mut [ReadTogether<'_>]) -> usize {
         let _ = reads;
         0
     }
-    /// Whether [`FuseOps::prefetch_reads`] gains from reads that come together, so
+    /// Whether [`FuseOps::read_together`] gains from reads that come together, so
     /// that a transport should give them a chance to (see `ring.rs`, `Company`).
     fn gathers_reads(&self) -> bool {
         false

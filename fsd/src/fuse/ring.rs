@@ -15,7 +15,7 @@
 //! buffer and a payload buffer as large as the largest request) and serves its queue
 //! synchronously: wait, answer what has come, commit-and-fetch each. Requests that
 //! came together have the cache load what their reads miss in one batch first
-//! ([`FuseOps::prefetch_reads`]). Several threads per queue let requests that wait
+//! ([`FuseOps::read_together`]). Several threads per queue let requests that wait
 //! on remote memory overlap. Each is pinned to its queue's CPU,
 //! the CPU of the tasks whose requests it serves: fsd then served more on every job
 //! measured (2 cores: 1 MiB reads 2.9 against 2.4-2.6 GB/s, 4 KiB random reads by 4
@@ -34,7 +34,7 @@
 mod abi;
 mod dispatch;
 
-use super::ops::{FuseOps, ReadAt};
+use super::ops::{FuseOps, ReadTogether};
 use anyhow::{anyhow, bail, Context};
 use fuser::{InitFlags, KernelConfig};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
@@ -584,7 +584,9 @@ fn serve_queue<O: FuseOps + ?Sized>(
     }
     // Entries whose request (or registration) completed: to answer now.
     let mut ready: Vec<usize> = Vec::with_capacity(entries.len());
-    let mut reads: Vec<ReadAt> = Vec::with_capacity(entries.len());
+    // Of a batch of reads answered together: the entry of each, and what each read.
+    let mut order: Vec<usize> = Vec::with_capacity(entries.len());
+    let mut answered: Vec<Option<usize>> = Vec::with_capacity(entries.len());
     let started = Instant::now();
     let mut company = Company::new(ops.gathers_reads());
     loop {
@@ -615,19 +617,42 @@ fn serve_queue<O: FuseOps + ?Sized>(
         if entries.iter().all(|e| !e.live) {
             return;
         }
-        // Reads that came together: their misses go to remote memory in one round
-        // trip (see `FuseOps::prefetch_reads`) instead of one per read.
+        // Reads that came together are answered together: their misses go to
+        // remote memory in one round trip (see `FuseOps::read_together`) instead of
+        // one per read.
         let mut fetched = 0;
+        answered.clear();
+        answered.resize(entries.len(), None);
         if ready.len() > 1 {
-            reads.clear();
-            reads.extend(
-                ready
-                    .iter()
-                    .filter_map(|&n| dispatch::read_of(entries[n].buffers().0)),
-            );
+            let mut reads: Vec<ReadTogether<'_>> = entries
+                .iter_mut()
+                .enumerate()
+                .filter(|(n, _)| ready.contains(n))
+                .filter_map(|(n, e)| {
+                    let (header, payload) = e.buffers();
+                    let at = dispatch::read_of(header)?;
+                    let len = at.len.min(payload.len());
+                    Some((
+                        n,
+                        ReadTogether {
+                            at,
+                            buf: &mut payload[..len],
+                            done: None,
+                        },
+                    ))
+                })
+                .map(|(n, r)| {
+                    order.push(n);
+                    r
+                })
+                .collect();
             if reads.len() > 1 {
-                fetched = ops.prefetch_reads(&reads);
+                fetched = ops.read_together(&mut reads);
+                for (r, &n) in reads.iter().zip(&order) {
+                    answered[n] = r.done;
+                }
             }
+            order.clear();
         }
         if waited {
             company.waited(fetched > 0);
@@ -636,7 +661,11 @@ fn serve_queue<O: FuseOps + ?Sized>(
             RING_REQUESTS.fetch_add(1, Ordering::Relaxed);
             let entry = &mut entries[n];
             let (header, payload) = entry.buffers();
-            let Some(commit_id) = dispatch::answer(ops, header, payload) else {
+            let commit_id = match answered[n] {
+                Some(len) => dispatch::answered_read(header, len),
+                None => dispatch::answer(ops, header, payload),
+            };
+            let Some(commit_id) = commit_id else {
                 log::error!("FUSE ring queue {qid}: unreadable request header; entry given up");
                 entry.live = false;
                 continue;

@@ -32,17 +32,31 @@ pub fn answer<O: FuseOps + ?Sized>(
     op_in.copy_from_slice(&header[abi::OP_IN_AT..abi::ENT_AT]);
 
     let result = request(ops, &h, &op_in, payload, payload_in);
+    put_reply(header, &h, result);
+    Some(commit_id)
+}
+
+/// Encodes the answer to a READ that [`FuseOps::read_together`] answered: `len`
+/// bytes, already in the payload. Returns the commit id, or None as [`answer`] does.
+pub fn answered_read(header: &mut [u8; abi::HEADER_LEN], len: usize) -> Option<u64> {
+    let h = InHeader::parse(&header[..abi::IN_OUT_LEN])?;
+    let commit_id = Fields::new(&header[abi::COMMIT_ID_AT..]).u64()?;
+    put_reply(header, &h, Ok(len));
+    Some(commit_id)
+}
+
+/// The reply's out header (its error, or its length in the payload).
+fn put_reply(header: &mut [u8; abi::HEADER_LEN], h: &InHeader, result: Result<usize, Errno>) {
     let (error, len) = match result {
         Ok(len) => (0, len),
         Err(e) => (-e.code(), 0),
     };
     abi::put_out_header(&mut header[..abi::IN_OUT_LEN], error, h.unique, len);
     Put::new(&mut header[abi::PAYLOAD_SZ_AT..abi::PAYLOAD_SZ_AT + 4]).u32(len as u32);
-    Some(commit_id)
 }
 
 /// The file, offset and length a READ request in `header` asks for, or None for any
-/// other request: what a batch of requests tells [`FuseOps::prefetch_reads`].
+/// other request: what a batch of requests gives [`FuseOps::read_together`].
 pub fn read_of(header: &[u8; abi::HEADER_LEN]) -> Option<ReadAt> {
     let h = InHeader::parse(&header[..abi::IN_OUT_LEN])?;
     if h.opcode != op::READ {

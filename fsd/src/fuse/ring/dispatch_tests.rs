@@ -242,6 +242,26 @@ fn read_answers_in_the_payload_no_longer_than_asked() {
     assert_eq!(run(&ops, &mut e), (0, b"bb".to_vec()));
 }
 
+/// A READ answered with others: its bytes are in the payload already, and the
+/// reply says how many, as `answer` would have; the header gives what it asks.
+#[test]
+fn a_read_answered_together_replies_with_the_bytes_it_got() {
+    let mut op_in = [0u8; 40];
+    Put::new(&mut op_in).u64(0).u64(8192).u32(4096);
+    let mut e = entry(op::READ, 3, &op_in, &[]);
+    let at = read_of(&e.header).expect("a READ");
+    assert_eq!((at.ino, at.offset, at.len), (3, 8192, 4096));
+    e.payload[..3].copy_from_slice(b"abc");
+    assert_eq!(answered_read(&mut e.header, 3), Some(0x1234));
+    let mut out = Fields::new(&e.header[..16]);
+    assert_eq!(out.u32(), Some((abi::OUT_HEADER_LEN + 3) as u32));
+    assert_eq!(out.u32(), Some(0), "no error");
+    assert_eq!(out.u64(), Some(0x1234), "the reply names the request");
+    let payload_sz = Fields::new(&e.header[abi::PAYLOAD_SZ_AT..]).u32();
+    assert_eq!(payload_sz, Some(3));
+    assert!(read_of(&entry(op::WRITE, 3, &op_in, &[]).header).is_none());
+}
+
 #[test]
 fn setattr_decodes_only_the_fields_marked_valid() {
     let ops = Fake::default();
