@@ -13,9 +13,9 @@
 //!
 //! Threads: each owns one io_uring and a few ring entries (each a 288-byte header
 //! buffer and a payload buffer as large as the largest request) and serves its queue
-//! synchronously: wait, answer what has come, commit-and-fetch each. Requests that
-//! came together have the cache load what their reads miss in one batch first
-//! ([`FuseOps::read_together`]). Several threads per queue let requests that wait
+//! synchronously: wait, answer what has come, commit-and-fetch each. The reads among
+//! requests that came together are read together, what they miss loaded in one
+//! batch ([`FuseOps::read_together`]). Several threads per queue let requests that wait
 //! on remote memory overlap. Each is pinned to its queue's CPU,
 //! the CPU of the tasks whose requests it serves: fsd then served more on every job
 //! measured (2 cores: 1 MiB reads 2.9 against 2.4-2.6 GB/s, 4 KiB random reads by 4
@@ -624,28 +624,23 @@ fn serve_queue<O: FuseOps + ?Sized>(
         answered.clear();
         answered.resize(entries.len(), None);
         if ready.len() > 1 {
-            let mut reads: Vec<ReadTogether<'_>> = entries
-                .iter_mut()
-                .enumerate()
-                .filter(|(n, _)| ready.contains(n))
-                .filter_map(|(n, e)| {
-                    let (header, payload) = e.buffers();
-                    let at = dispatch::read_of(header)?;
+            // In the order they came, as they would be answered one by one.
+            let mut slots: Vec<Option<&mut Entry>> = entries.iter_mut().map(Some).collect();
+            let mut reads: Vec<ReadTogether<'_>> = Vec::with_capacity(ready.len());
+            for &n in &ready {
+                let Some(e) = slots[n].take() else { continue };
+                let (header, payload) = e.buffers();
+                if let Some(at) = dispatch::read_of(header) {
                     let len = at.len.min(payload.len());
-                    Some((
-                        n,
-                        ReadTogether {
-                            at,
-                            buf: &mut payload[..len],
-                            done: None,
-                        },
-                    ))
-                })
-                .map(|(n, r)| {
+                    let buf = &mut payload[..len];
+                    reads.push(ReadTogether {
+                        at,
+                        buf,
+                        done: None,
+                    });
                     order.push(n);
-                    r
-                })
-                .collect();
+                }
+            }
             if reads.len() > 1 {
                 fetched = ops.read_together(&mut reads);
                 for (r, &n) in reads.iter().zip(&order) {
