@@ -5,11 +5,16 @@ scripts/bench runs every (job, target) pair, once per round (--repeat), and list
 the runs in a manifest, one tab-separated line each:
 
     job  target  status  fio-json-path  fsd-peak-rss-kib  fsd-rss-kib  memnode-rss-kib
-    fsd-stats-before  fsd-stats-after  round  steal-pct  busy-pct
+    fsd-stats-before  fsd-stats-after  round  steal-pct  busy-pct  wall-s
+    daemon-ticks  memnode-ticks
 
 (status "ok" or a short failure text; the memory and stats columns are "-" except for
-the fsd targets (rmemfs, rmemfs-classic, rmemfs-vol); steal-pct is the share of CPU time the hypervisor took during that run and
-busy-pct the share that went to work on this machine, all CPUs together). The
+the fsd targets (rmemfs, rmemfs-classic, rmemfs-vol); steal-pct is the share of CPU
+time the hypervisor took during that run and busy-pct the share that went to work on
+this machine, all CPUs together; wall-s the run's length in seconds; daemon-ticks
+and memnode-ticks "USER,SYS", the clock ticks of CPU time the target's daemon (fsd,
+nullfs) and the memnode it uses (also the fabric's) spent during the run, "-" where
+there is none; manifests of before those three columns are read too). The
 fabric target's outputs are fabricbench's, in the part of fio's JSON read here.
 The metadata jobs (create, stat, unlink, untar) write scripts/bench-lib/meta.py's
 JSON instead (its "kind" is "metadata"): files (or stats) per second, timed seconds,
@@ -187,16 +192,57 @@ def read_manifest(path):
             line = line.rstrip("\n")
             if not line:
                 continue
+            fields = line.split("\t")
             (job, target, status, fio_json, hwm, rss, mn_rss, stats_before,
-             stats_after, round_, steal, busy) = line.split("\t")
+             stats_after, round_, steal, busy) = fields[:12]
+            wall, daemon_ticks, memnode_ticks = (fields[12:15] + ["-"] * 3)[:3]
             rows.append({
                 "job": job, "target": target, "status": status, "fio_json": fio_json,
                 "fsd_peak_rss_kib": hwm, "fsd_rss_kib": rss, "memnode_rss_kib": mn_rss,
                 "stats_before": stats_before, "stats_after": stats_after,
                 "round": int(round_), "steal_pct": pct_or_none(steal),
                 "busy_pct": pct_or_none(busy),
+                "wall_s": number_or_none(wall),
+                "daemon_ticks": ticks_or_none(daemon_ticks),
+                "memnode_ticks": ticks_or_none(memnode_ticks),
             })
     return rows
+
+
+def number_or_none(text):
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def ticks_or_none(text):
+    """(user, sys) clock ticks from "USER,SYS"; None for "-" or anything else."""
+    user, _, sys_ = text.partition(",")
+    try:
+        return int(user), int(sys_)
+    except ValueError:
+        return None
+
+
+def cpu_parts_us(row, iops):
+    """Where a request's CPU time went, in microseconds: the target's daemon in user
+    and in kernel mode, and the memnode (both modes), from their clock ticks over the
+    run's wall time (tick accounting: good to a tick per process and run). Like
+    cpu_us_per_request, it takes the run as steady from set-up to end. None without
+    the ticks or a rate."""
+    wall = row.get("wall_s")
+    if not wall or not iops:
+        return None
+    per_tick = 1e6 / os.sysconf("SC_CLK_TCK") / wall / iops
+    parts = {}
+    if row.get("daemon_ticks"):
+        user, sys_ = row["daemon_ticks"]
+        parts["daemon_user"] = user * per_tick
+        parts["daemon_sys"] = sys_ * per_tick
+    if row.get("memnode_ticks"):
+        parts["memnode"] = sum(row["memnode_ticks"]) * per_tick
+    return parts or None
 
 
 def kib_to_bytes(value):
@@ -300,6 +346,7 @@ def measure(row, cpus):
         "usr_cpu_pct": job.get("usr_cpu"),
         "sys_cpu_pct": job.get("sys_cpu"),
         "cpu_us_per_request": cpu_us_per_request(row["busy_pct"], cpus, sec["iops"]),
+        "cpu_us_per_request_parts": cpu_parts_us(row, sec["iops"]),
     })
     return result
 
@@ -405,7 +452,7 @@ def median_runs(results):
         ok = sorted((r for r in runs if r["status"] == "ok"), key=rate)
         pick = dict(ok[(len(ok) - 1) // 2] if ok else runs[-1])
         keys = ("round", "status", "bw_bytes_per_s", "iops", "steal_pct", "cpu_busy_pct",
-                "cpu_us_per_request", "fio_output")
+                "cpu_us_per_request", "cpu_us_per_request_parts", "fio_output")
         if pick.get("kind") == "metadata":
             keys = ("round", "status", "ops_per_s", "seconds", "steal_pct", "cpu_busy_pct",
                     "cpu_us_per_op", "fio_output")
@@ -865,6 +912,41 @@ def print_table(doc):
     print_bar(doc)
 
 
+def print_cpu_parts(doc):
+    """Where each fio job's CPU time went on the targets with a daemon: the rows of
+    the bound analysis (what part of the machine's time per request is rmemfs's own,
+    what is the memnode's, what is FUSE's and fio's)."""
+    rows = []
+    for r in doc["results"]:
+        parts = r.get("cpu_us_per_request_parts")
+        if r["status"] != "ok" or not parts or is_metadata(doc, r["job"]) \
+                or is_copy(doc, r["job"]):
+            continue
+        total = r.get("cpu_us_per_request")
+        known = [parts.get(k) for k in ("daemon_user", "daemon_sys", "memnode")]
+        rest = total - sum(v for v in known if v) if total is not None else None
+
+        def us(v):
+            return fmt(v, 2 if v is not None and v < 10 else 1 if v is not None and v < 100
+                       else 0)
+
+        rows.append((r["job"], r["target"], us(total)) + tuple(us(v) for v in known)
+                    + (us(rest),))
+    if not rows:
+        return
+    print("Where the CPU time of a request went (us per request):")
+    print_rows(("job", "target", "all", "daemon usr", "daemon sys", "memnode", "rest"),
+               rows)
+    print(textwrap.fill(
+        "all = CPU us/req above; daemon = the target's fsd or nullfs (fabric: fabricbench "
+        "is in rest), in user and kernel mode; memnode = the memnode it reads and writes, "
+        "both modes; rest = all - the others: fio (or fabricbench), the kernel's FUSE, "
+        "network and softirq work on their behalf, everything else. From each "
+        "process's clock ticks over the run, as busy% is.", width=92,
+        break_on_hyphens=False))
+    print()
+
+
 def print_meta_table(doc):
     if not doc.get("metadata_jobs"):
         return
@@ -1226,6 +1308,7 @@ def main():
     doc["bar"] = bar_summary(doc)
     print_header(doc)
     print_table(doc)
+    print_cpu_parts(doc)
     print_meta_table(doc)
     print_copy_table(doc)
     print_memory(doc)
