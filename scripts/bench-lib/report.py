@@ -172,7 +172,7 @@ def steal_pct(stat_start):
     return round(100.0 * delta[7] / sum(delta), 1) if sum(delta) > 0 else None
 
 
-def pct_or_none(text):
+def float_or_none(text):
     try:
         return float(text)
     except ValueError:
@@ -200,20 +200,13 @@ def read_manifest(path):
                 "job": job, "target": target, "status": status, "fio_json": fio_json,
                 "fsd_peak_rss_kib": hwm, "fsd_rss_kib": rss, "memnode_rss_kib": mn_rss,
                 "stats_before": stats_before, "stats_after": stats_after,
-                "round": int(round_), "steal_pct": pct_or_none(steal),
-                "busy_pct": pct_or_none(busy),
-                "wall_s": number_or_none(wall),
+                "round": int(round_), "steal_pct": float_or_none(steal),
+                "busy_pct": float_or_none(busy),
+                "wall_s": float_or_none(wall),
                 "daemon_ticks": ticks_or_none(daemon_ticks),
                 "memnode_ticks": ticks_or_none(memnode_ticks),
             })
     return rows
-
-
-def number_or_none(text):
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 def ticks_or_none(text):
