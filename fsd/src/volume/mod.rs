@@ -58,7 +58,8 @@
 //! writes two checkpoints so it has spares from the start. Reusing a log is safe
 //! because sequence numbers only grow: the entries left from two generations ago are
 //! older than the superblock's `first_seq`, so a replay stops at them as at the end of
-//! the log. A checkpoint chunk is allocated with room to grow ([`checkpoint_room`]);
+//! the log. A checkpoint chunk is allocated with room to grow by a full log and more
+//! ([`checkpoint_room`]);
 //! a checkpoint that outgrew its spare's needs a fresh chunk (what is left of a full
 //! memnode may still hold it). The price is a second log of [`LOG_BYTES`] and
 //! checkpoint area per metadata copy, for as long as the volume exists.
@@ -896,10 +897,17 @@ impl Volume {
         })
     }
 
-    /// A chunk for a checkpoint of `len` bytes on `node`: with room to grow if the
-    /// memnode has it, else just what this one needs.
+    /// A chunk for a checkpoint of `len` bytes on `node`: with room to grow by a full
+    /// log and half again if the memnode has it, else just what this one needs. The
+    /// chunk comes back as a spare. Sized for `len` alone, a volume whose memory
+    /// filled within one commit interval (a fresh volume given many files, then data
+    /// to the last byte) had no room for the checkpoint its full log called for, and
+    /// not even the unmount's could make its changes durable.
     fn checkpoint_chunk(&self, node: usize, len: u64) -> Result<Allocation, RemoteError> {
-        match self.remote.alloc_chunk(node, checkpoint_room(len)) {
+        match self
+            .remote
+            .alloc_chunk(node, checkpoint_room(len.saturating_add(LOG_BYTES)))
+        {
             Err(RemoteError::NoSpace) => self.remote.alloc_chunk(node, len.max(1)),
             r => r,
         }
@@ -959,16 +967,17 @@ impl Volume {
     }
 
     /// Fresh chunks for a checkpoint of `len` bytes and a log on `node`.
+    /// The log first: the checkpoint chunk can make do with less room, the log not.
     fn new_copy(&self, node: usize, len: u64) -> Result<MetaCopy, RemoteError> {
-        let checkpoint = self.checkpoint_chunk(node, len)?;
-        match self.remote.alloc_chunk(node, LOG_BYTES) {
-            Ok(log) => Ok(MetaCopy {
+        let log = self.remote.alloc_chunk(node, LOG_BYTES)?;
+        match self.checkpoint_chunk(node, len) {
+            Ok(checkpoint) => Ok(MetaCopy {
                 node,
                 checkpoint,
                 log,
             }),
             Err(e) => {
-                self.remote.free_chunk_of(node, checkpoint);
+                self.remote.free_chunk_of(node, log);
                 Err(e)
             }
         }
