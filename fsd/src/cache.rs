@@ -1261,8 +1261,12 @@ impl PageCache {
                         _ => g.forget_sums(block, unit),
                     }
                 }
-                // What the callback wrote in full (Overwrite, Write) is now content.
-                g.valid |= gains[n];
+                // What the callback wrote in full (Overwrite, Write) is now content;
+                // not if it failed: those sectors were never loaded, and the buffer
+                // (recycled from any page) may hold any file's bytes there.
+                if result.is_ok() {
+                    g.valid |= gains[n];
+                }
                 // A part of a sector it overwrote whole is gone into that sector.
                 let valid = g.valid;
                 g.parts

@@ -1362,3 +1362,29 @@ fn a_change_the_cache_cannot_see_forgets_the_sums() {
     );
     assert_eq!(lock(&b.blocks)[&(1, 0)][9], 7);
 }
+
+#[test]
+fn a_write_whose_callback_fails_leaves_the_sectors_it_would_fill_unread() {
+    // A write of a whole sector does not load it (it is about to be overwritten);
+    // when the write then fails (fsd: its block could not grow, memory being full),
+    // the sector holds whatever the buffer held, so it must not count as content: a
+    // read after it loads the sector, and nothing of it is written back.
+    let b = MemBacking::default();
+    let key = (1, 0);
+    lock(&b.blocks).insert(key, vec![0xab; BS]);
+    let c = sectored(4);
+    let refused = c.access(
+        &b,
+        key.0,
+        key.1..key.1 + 1,
+        |_| Fill::Write {
+            from: SECTOR,
+            to: 2 * SECTOR,
+        },
+        |_, _, _| Err(FsError::NoSpace),
+    );
+    assert_eq!(refused, Err(FsError::NoSpace));
+    assert_eq!(read_block(&c, &b, key), vec![0xab; BS]);
+    c.flush_all(&b).unwrap();
+    assert_eq!(lock(&b.blocks)[&key], vec![0xab; BS]);
+}
