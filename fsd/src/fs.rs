@@ -340,6 +340,7 @@ impl RmemFs {
         target: Option<PathBuf>,
         caller: Caller,
     ) -> FsResult<Attr> {
+        self.room_to_grow()?;
         let p = self.ns.get(parent)?;
         let (parent_gid, parent_sgid, default_acl) = {
             let m = p.meta();
@@ -425,6 +426,7 @@ impl RmemFs {
     }
 
     pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &OsStr) -> FsResult<Attr> {
+        self.room_to_grow()?;
         let inode = self.ns.link(ino, new_parent, new_name)?;
         Ok(self.attr_of(&inode))
     }
@@ -814,18 +816,58 @@ impl RmemFs {
         self.write_allocated(&inode, offset, data)
     }
 
+    /// Whether the metadata may grow now: a volume keeps it within the room its next
+    /// checkpoint has (see "Room to grow" in `volume/mod.rs`); scratch mode always.
+    pub(crate) fn may_grow(&self) -> bool {
+        self.volume.as_ref().is_none_or(|v| v.may_grow())
+    }
+
+    /// Before a change that makes the metadata larger (a new inode, name or
+    /// extended attribute): ENOSPC when the volume has no room for it even after a
+    /// commit, which grows the room while the memnodes have some and gives back what
+    /// deletes freed. The caller holds no inode's meta lock (commits take them).
+    pub(crate) fn room_to_grow(&self) -> FsResult<()> {
+        if self.may_grow() {
+            return Ok(());
+        }
+        self.commit().map_err(|_| FsError::NoSpace)?;
+        match self.may_grow() {
+            true => Ok(()),
+            false => Err(FsError::NoSpace),
+        }
+    }
+
+    /// Counts `count` new blocks' records as the checkpoint's growth.
+    pub(crate) fn grew_blocks(&self, count: usize) {
+        if let Some(v) = &self.volume {
+            let pages = self.block_size.div_ceil(crate::remote::PAGE);
+            let copies = self.remote.replicas().max(1) as u64;
+            v.journal()
+                .grew(count as u64 * crate::volume::block_record_bound(pages, copies));
+        }
+    }
+
+    /// Counts a block grown by `bytes` (their pages' sums) as the checkpoint's growth.
+    pub(crate) fn grew_pages(&self, bytes: u64) {
+        if let Some(v) = &self.volume {
+            v.journal().grew(5 * bytes.div_ceil(crate::remote::PAGE));
+        }
+    }
+
     /// Runs `alloc`; when it finds remote memory full on a volume whose freed blocks
     /// wait for a commit (deletes, truncates: see `volume/journal.rs`), commits now
     /// and runs it once more, as ext4 commits its journal before it answers ENOSPC.
     /// Without this, a file deleted to make room gives it back only at the next
     /// periodic commit. The caller holds no inode's meta lock (commits take them).
+    /// Also when the volume had no room for the blocks' records (see
+    /// [`RmemFs::room_to_grow`]).
     fn retry_when_full<T>(&self, mut alloc: impl FnMut() -> FsResult<T>) -> FsResult<T> {
         match alloc() {
             Err(FsError::NoSpace)
                 if self
                     .volume
                     .as_ref()
-                    .is_some_and(|v| v.journal().has_frees()) =>
+                    .is_some_and(|v| v.journal().has_frees() || !v.may_grow()) =>
             {
                 self.commit().map_err(|_| FsError::NoSpace)?;
                 alloc()
@@ -928,10 +970,13 @@ impl RmemFs {
             if m.blocks.contains_key(&i) {
                 continue;
             }
-            match self
-                .remote
-                .alloc_block(range.end.min((i + 1) * bs) - i * bs)
-            {
+            let alloc = match self.may_grow() {
+                true => self
+                    .remote
+                    .alloc_block(range.end.min((i + 1) * bs) - i * bs),
+                false => Err(crate::remote::RemoteError::NoSpace),
+            };
+            match alloc {
                 Ok(loc) => {
                     m.insert_block(i, BlockEntry::unwritten(loc));
                     m.block_changed(i);
@@ -952,6 +997,7 @@ impl RmemFs {
         }
         drop(m);
         if !fresh.is_empty() {
+            self.grew_blocks(fresh.len());
             self.changed(inode);
         }
         Ok(fresh)
@@ -999,7 +1045,12 @@ impl RmemFs {
     /// Flushes everything; on a volume writes a last checkpoint and lets go of the
     /// volume (its memory stays on the memnodes), else gives all remote memory back
     /// (unmount).
+    /// Once only on a volume: after its last checkpoint the memnodes let it go, so a
+    /// later call (the FUSE session's end, then the daemon's) has nothing to flush.
     pub fn shutdown(&self) {
+        if self.volume.as_ref().is_some_and(|v| v.is_closed()) {
+            return;
+        }
         if let Err(e) = self.flush_all() {
             log::error!("flush at unmount failed: {e}");
         }

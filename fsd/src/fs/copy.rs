@@ -194,6 +194,9 @@ impl RmemFs {
                 .collect()
         };
         let mut new: Vec<(u64, BlockLoc)> = Vec::new();
+        if sources.iter().any(|(_, e)| e.is_some()) && !self.may_grow() {
+            return Err(FsError::NoSpace);
+        }
         for (i, e) in &sources {
             let Some(e) = e else { continue };
             match self.remote.alloc_block_beside(&e.loc) {
@@ -228,6 +231,7 @@ impl RmemFs {
         }
         // Nothing of the old blocks may be written back into them any more.
         self.cache.invalidate_blocks(dst.ino, blocks.clone());
+        self.grew_blocks(new.len());
         let mut new = new.into_iter().peekable();
         let mut old = Vec::new();
         {

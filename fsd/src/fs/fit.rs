@@ -72,6 +72,7 @@ impl RmemFs {
             } else {
                 grown
             };
+            self.grew_pages(grown.bytes() - old.bytes());
             self.replace_copies(inode, index, grown);
             return Ok(());
         }
@@ -84,6 +85,7 @@ impl RmemFs {
         if written {
             new = self.copy_block(&live, &expected, new)?;
         }
+        self.grew_pages(new.bytes().saturating_sub(old.bytes()));
         if let Some(replaced) = self.replace_copies(inode, index, new) {
             self.free_later([replaced]);
         }

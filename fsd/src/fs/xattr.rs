@@ -134,6 +134,7 @@ impl RmemFs {
         caller: Caller,
     ) -> FsResult<()> {
         let which = self.check_name(name)?;
+        self.room_to_grow()?;
         let inode = self.ns.get(ino)?;
         let mut m = inode.meta();
         let exists = m.xattrs.contains_key(name);
@@ -157,6 +158,9 @@ impl RmemFs {
         }
         m.touch_ctime();
         drop(m);
+        if let Some(v) = &self.volume {
+            v.journal().grew((name.len() + value.len()) as u64 + 16);
+        }
         self.changed(&inode);
         Ok(())
     }

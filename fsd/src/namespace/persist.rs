@@ -240,25 +240,59 @@ impl Namespace {
     pub fn checkpoint_records(&self, take: impl FnOnce(), encode: BlockEncoder<'_>) -> Vec<Record> {
         let tree = self.tree_write();
         take();
+        self.all_records(&tree, encode, true)
+    }
+
+    /// The records a checkpoint would hold now, to measure its size: nothing is
+    /// marked committed. `measured` runs with structural changes held off.
+    pub fn checkpoint_preview(
+        &self,
+        measured: impl FnOnce(),
+        encode: BlockEncoder<'_>,
+    ) -> Vec<Record> {
+        let tree = self.tree_read();
+        measured();
+        self.all_records(&tree, encode, false)
+    }
+
+    /// The records of every inode and directory in `tree`; with `checkpoint`, each
+    /// inode is marked as committed by them (its dirty flags cleared).
+    fn all_records(
+        &self,
+        tree: &HashMap<Ino, Dir>,
+        encode: BlockEncoder<'_>,
+        checkpoint: bool,
+    ) -> Vec<Record> {
         let mut out = vec![Record::NextIno {
             next: self.next_ino.load(Ordering::Relaxed),
         }];
         let mut inodes: Vec<Arc<Inode>> = self.all();
         inodes.sort_unstable_by_key(|i| i.ino);
         for inode in inodes {
-            inode.journal_dirty.store(false, Ordering::Release);
             let mut m = inode.meta();
-            if let Some(d) = &mut m.dirty_blocks {
-                d.clear();
+            if checkpoint {
+                inode.journal_dirty.store(false, Ordering::Release);
+                if let Some(d) = &mut m.dirty_blocks {
+                    d.clear();
+                }
             }
             if m.attr.nlink == 0 && inode.ino != ROOT_INO {
                 continue; // deleted, only still open: nothing to bring back
             }
             out.extend(inode_records(&m));
-            // A checkpoint replaces the log: sums in it are all that stands.
-            m.sums_logged = false;
             let indexes: Vec<u64> = m.blocks.keys().copied().collect();
-            block_records(inode.ino, &mut m, indexes, encode, &mut out);
+            if checkpoint {
+                // A checkpoint replaces the log: sums in it are all that stands.
+                m.sums_logged = false;
+                block_records(inode.ino, &mut m, indexes, encode, &mut out);
+            } else {
+                let with_sums = m.writebacks == 0;
+                out.extend(
+                    indexes
+                        .iter()
+                        .map(|i| encode(inode.ino, *i, &m.blocks[i], with_sums)),
+                );
+            }
         }
         let mut dirs: Vec<(&Ino, &Dir)> = tree.iter().collect();
         dirs.sort_unstable_by_key(|(i, _)| **i);

@@ -13,20 +13,26 @@
 //! Blocks freed (truncate, hole punching, deleted files) wait here until the commit
 //! that records them gone is durable: reused earlier, a crash could bring back a
 //! file whose block now holds another file's bytes.
+//!
+//! It also counts how much the next checkpoint may have grown since its size was
+//! last measured ([`Journal::growth`]): the volume keeps that below the room its
+//! spares have (see "Room to grow" in `volume/mod.rs`).
 
 use crate::inode::{Ino, Inode};
 use crate::remote::BlockLoc;
 use std::collections::HashSet;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use super::format::Record;
+use super::format::{encode_records, Record};
 
 #[derive(Default)]
 pub struct Journal {
     entries: Mutex<Vec<Vec<Record>>>,
     dirty: Mutex<HashSet<Ino>>,
     frees: Mutex<Vec<BlockLoc>>,
+    /// Bytes the checkpoint may have grown by since it was last measured.
+    growth: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -35,10 +41,31 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Journal {
     /// Appends one structural change (called under the tree lock, exclusively).
+    /// One that adds a name (create, link, rename) counts whole as growth; one that
+    /// only removes (unlink, rmdir) shrinks the checkpoint and counts nothing.
     pub fn append(&self, records: Vec<Record>) {
         if !records.is_empty() {
+            if records.iter().any(|r| matches!(r, Record::DirAdd { .. })) {
+                self.grew(encode_records(&records).len() as u64);
+            }
             lock(&self.entries).push(records);
         }
+    }
+
+    /// Counts `bytes` more the checkpoint may hold (new blocks, extended attributes).
+    pub fn grew(&self, bytes: u64) {
+        self.growth.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// What the checkpoint may have grown by since [`Journal::measured`].
+    pub fn growth(&self) -> u64 {
+        self.growth.load(Ordering::Relaxed)
+    }
+
+    /// The checkpoint's size was just measured (called where the namespace was read
+    /// for it, under the tree lock): growth counts from here.
+    pub fn measured(&self) {
+        self.growth.store(0, Ordering::Relaxed);
     }
 
     /// Marks `inode` as changed; called after the change is made.

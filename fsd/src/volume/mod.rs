@@ -81,6 +81,24 @@
 //!   deletes become durable (then their space comes back, and the next checkpoint
 //!   finds room).
 //!
+//! # Room to grow
+//!
+//! Spares can only grow while the memnodes have room, and a volume whose memory is
+//! full of data can still grow its metadata (empty files, directories, names): left
+//! alone, its checkpoint would outgrow the spares, and once the log filled no commit
+//! could make anything durable. So the metadata may grow only into room it has: the
+//! journal counts what the checkpoint may have grown by since its size was last
+//! measured ([`Journal::growth`]: every entry that adds a name, each new block's
+//! record, blocks grown, extended attributes), and each commit works out the **headroom**,
+//! the spares' room less the measured size (with every page's sum, as pages
+//! written get them: [`checkpoint_bound`]) and a slack ([`room_slack`]). When the growth reaches
+//! it, the next change that would grow the metadata commits first (which grows a
+//! spare while the memnodes have room, and measures the checkpoint's size anew when
+//! the bound is too near the room); if there is still none, that change fails with
+//! ENOSPC, as creating a file on a full disk does. Deletes, truncates, overwrites
+//! and renames go on, and the space they free brings the room back. The slack covers
+//! what is not counted (longer names in renames, changes racing a commit).
+//!
 //! # Page sums in the log
 //!
 //! A block record carries the crc32c of each page of its copies that fsd knows
@@ -176,7 +194,9 @@ struct State {
     /// The volume was read in an older format: the next checkpoint's superblock goes
     /// to both slots.
     upgrade: bool,
-    /// Bytes of this generation's checkpoint.
+    /// Most bytes the checkpoint as last measured may take ([`checkpoint_bound`]):
+    /// this generation's, or what one would take at a later measure (see "Room to
+    /// grow").
     checkpoint_len: u64,
     /// Bytes the last checkpoint that found no room needed (0: none failed).
     checkpoint_wanted: u64,
@@ -188,10 +208,23 @@ struct State {
     /// When a commit last failed to grow a spare: it tries again only after
     /// [`GROW_RETRY`], so commits on a full memnode do not each ask it for room.
     grow_failed: Option<std::time::Instant>,
+    /// When the checkpoint's size was last measured without a checkpoint (see
+    /// "Room to grow"): at most once per [`MEASURE_RETRY`].
+    measured: Option<std::time::Instant>,
+    /// Changes that grow the metadata fail for want of room.
+    no_headroom: bool,
+    /// When that was last said (once per [`NO_HEADROOM_REPEAT`] at most).
+    no_headroom_said: Option<std::time::Instant>,
 }
 
 /// See `State::grow_failed`.
 const GROW_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+/// See `State::measured`: often enough that a file made right after deletes that
+/// made room finds it, seldom enough that measuring (the whole namespace, as a
+/// checkpoint reads it) stays a small share of the time.
+const MEASURE_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+/// See `State::no_headroom_said`.
+const NO_HEADROOM_REPEAT: std::time::Duration = std::time::Duration::from_secs(60);
 
 pub struct Volume {
     name: String,
@@ -200,6 +233,39 @@ pub struct Volume {
     journal: Arc<Journal>,
     state: Mutex<State>,
     closed: std::sync::atomic::AtomicBool,
+    /// How much the checkpoint may grow by before the next commit must make room
+    /// (see "Room to grow").
+    headroom: std::sync::atomic::AtomicU64,
+}
+
+/// What the room for the next checkpoint keeps free beyond its bound: 256 KiB, or
+/// a sixteenth of the checkpoint when that is more.
+pub fn room_slack(checkpoint_len: u64) -> u64 {
+    (checkpoint_len / 16).max(256 << 10)
+}
+
+/// What a checkpoint of `records` (`encoded` bytes) may come to hold without any
+/// new record: every page of every block with its sum (sums become known as pages
+/// are written).
+fn checkpoint_bound(records: &[Record], encoded: u64) -> u64 {
+    let unknown_sums: u64 = records
+        .iter()
+        .map(|r| match r {
+            Record::Block(b) => {
+                let pages = (b.alloc_len as u64).div_ceil(crate::remote::PAGE);
+                let known = b.sums.iter().flatten().count() as u64;
+                (5 * pages).saturating_sub(4 * known)
+            }
+            _ => 0,
+        })
+        .sum();
+    encoded + unknown_sums
+}
+
+/// Most bytes a block's record takes in a checkpoint, with `pages` page sums and
+/// `copies` copies.
+pub fn block_record_bound(pages: u64, copies: u64) -> u64 {
+    64 + 5 * pages + 12 * copies
 }
 
 /// How the volume's metadata fared at mount.
@@ -418,8 +484,12 @@ impl Volume {
                 log_whole: false,
                 no_room: false,
                 grow_failed: None,
+                measured: None,
+                no_headroom: false,
+                no_headroom_said: None,
             }),
             closed: Default::default(),
+            headroom: Default::default(),
         });
         // A new generation at once: metadata back to R copies on the memnodes up
         // now and a fresh log, written into the spares the older superblocks name
@@ -475,6 +545,7 @@ impl Volume {
                     remote.free_chunk_of(node, area);
                 }
             }
+            volume.refresh_headroom(&mut st, &ns);
         }
         Ok((volume, ns, report))
     }
@@ -482,6 +553,11 @@ impl Volume {
     /// True the first time only: the caller shuts the volume down.
     pub fn close(&self) -> bool {
         !self.closed.swap(true, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// True once [`Volume::close`] has been called.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn name(&self) -> &str {
@@ -501,10 +577,82 @@ impl Volume {
     pub fn commit(&self, ns: &Namespace) -> Result<(), VolumeError> {
         let mut st = lock(&self.state);
         let frees = self.journal.take_frees();
-        if st.need_checkpoint || self.membership_changed(&st) {
-            return self.checkpoint_or_log(&mut st, ns, frees);
+        let r = if st.need_checkpoint || self.membership_changed(&st) {
+            self.checkpoint_or_log(&mut st, ns, frees)
+        } else {
+            self.log_changes(&mut st, ns, frees)
+        };
+        self.refresh_headroom(&mut st, ns);
+        r
+    }
+
+    /// True while the metadata may grow (a file made, a block allocated) without a
+    /// commit first; see "Room to grow".
+    pub fn may_grow(&self) -> bool {
+        self.journal.growth() < self.headroom.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The room the next checkpoint has: the largest checkpoint chunk among the
+    /// spares on the memnodes' current links (0 with none).
+    fn spare_room(&self, st: &State) -> u64 {
+        st.spares
+            .iter()
+            .filter(|s| st.members.get(s.copy.node).copied().flatten() == Some(s.link))
+            .map(|s| s.copy.checkpoint.len)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Works out the headroom after a commit (see "Room to grow"): when the bound
+    /// (the measured size and the growth since) comes within the slack of the
+    /// spares' room, grows a spare if the memnodes have room (at most once per
+    /// [`GROW_RETRY`]), else measures the checkpoint's size anew.
+    fn refresh_headroom(&self, st: &mut State, ns: &Namespace) {
+        let due = |t: Option<std::time::Instant>| t.is_none_or(|t| t.elapsed() >= GROW_RETRY);
+        let bound = |st: &State| {
+            let len = st.checkpoint_len.saturating_add(self.journal.growth());
+            len.saturating_add(room_slack(len))
+        };
+        let mut room = self.spare_room(st);
+        if bound(st) > room && due(st.grow_failed) {
+            let members = st.members.clone();
+            let grown = self.make_room(st, &members, room == 0, true);
+            st.grow_failed = grown.is_err().then(std::time::Instant::now);
+            room = self.spare_room(st);
         }
-        self.log_changes(&mut st, ns, frees)
+        let measure_due = st.measured.is_none_or(|t| t.elapsed() >= MEASURE_RETRY);
+        if bound(st) > room && measure_due {
+            let members = st.members.clone();
+            let records = ns
+                .checkpoint_preview(|| self.journal.measured(), &|ino, idx, e, sums| {
+                    encode_block(&members, ino, idx, e, sums)
+                });
+            let encoded = encode_checkpoint(st.generation + 1, &encode_records(&records));
+            st.checkpoint_len = checkpoint_bound(&records, encoded.len() as u64);
+            st.measured = Some(std::time::Instant::now());
+        }
+        let len = st.checkpoint_len;
+        let headroom = room.saturating_sub(len.saturating_add(room_slack(len)));
+        self.headroom
+            .store(headroom, std::sync::atomic::Ordering::Relaxed);
+        let none = headroom <= self.journal.growth();
+        let repeat = st
+            .no_headroom_said
+            .is_none_or(|t| t.elapsed() >= NO_HEADROOM_REPEAT);
+        if none && !st.no_headroom && repeat {
+            log::warn!(
+                "volume {}: no room for more metadata (checkpoint of {}, room {}): \
+                 files and blocks can be made again once deletes free memory",
+                self.name,
+                format_size(len),
+                format_size(room)
+            );
+            st.no_headroom_said = Some(std::time::Instant::now());
+        }
+        if !none && st.no_headroom {
+            log::debug!("volume {}: room for more metadata again", self.name);
+        }
+        st.no_headroom = none;
     }
 
     /// A checkpoint; when no memnode has room for one, the changes go to the log
@@ -567,11 +715,7 @@ impl Volume {
             self.journal.return_frees(frees);
             return Err(e);
         }
-        // Room for the next checkpoint grows with the log, while there is room.
-        if st.grow_failed.is_none_or(|t| t.elapsed() >= GROW_RETRY) {
-            let grown = self.make_room(st, &members, false);
-            st.grow_failed = grown.is_err().then(std::time::Instant::now);
-        }
+        // The room for the next checkpoint grows after this (`refresh_headroom`).
         self.remote.free_blocks(frees);
         Ok(())
     }
@@ -683,7 +827,7 @@ impl Volume {
         // Nothing is taken from the journal before the checkpoint has somewhere to go;
         // with nowhere else for the changes, a spare smaller than the bound may still
         // hold it, so it is tried.
-        match self.make_room(st, &members, true) {
+        match self.make_room(st, &members, true, false) {
             Err(e) if may_defer => {
                 self.journal.return_frees(frees);
                 return Err(e);
@@ -695,6 +839,7 @@ impl Volume {
         let records = ns.checkpoint_records(
             || {
                 self.journal.take();
+                self.journal.measured();
             },
             &|ino, idx, e, sums| encode_block(&members, ino, idx, e, sums),
         );
@@ -831,7 +976,7 @@ impl Volume {
         st.members = members;
         st.tail = 0;
         st.upgrade = false;
-        st.checkpoint_len = checkpoint.len() as u64;
+        st.checkpoint_len = checkpoint_bound(&records, checkpoint.len() as u64);
         st.checkpoint_wanted = 0;
         st.log_whole = true;
         if std::mem::take(&mut st.no_room) {
@@ -904,30 +1049,45 @@ impl Volume {
     /// to the last byte) had no room for the checkpoint its full log called for, and
     /// not even the unmount's could make its changes durable.
     fn checkpoint_chunk(&self, node: usize, len: u64) -> Result<Allocation, RemoteError> {
-        match self
-            .remote
-            .alloc_chunk(node, checkpoint_room(len.saturating_add(LOG_BYTES)))
-        {
-            Err(RemoteError::NoSpace) => self.remote.alloc_chunk(node, len.max(1)),
-            r => r,
+        let sizes = [
+            checkpoint_room(len.saturating_add(LOG_BYTES)),
+            checkpoint_room(len),
+            len.max(1),
+        ];
+        let mut r = Err(RemoteError::NoSpace);
+        for size in sizes {
+            r = self.remote.alloc_chunk(node, size);
+            if !matches!(r, Err(RemoteError::NoSpace)) {
+                break;
+            }
         }
+        r
     }
 
     /// Makes sure the next checkpoint has somewhere to go before anything is taken
     /// for it: on each memnode it would go to, a spare whose checkpoint chunk holds
-    /// the checkpoint's bound (grown when it does not; with `create`, a new spare
-    /// where there is none). `NoRoom` when no memnode has it and one said it is
-    /// full; other failures are the checkpoint's to find and report.
+    /// the checkpoint's bound, and the slack too with `slack` (grown when it does
+    /// not, with the slack; with `create`, a new spare where there is none).
+    /// `NoRoom` when no memnode has it and one said it is full; other failures are
+    /// the checkpoint's to find and report.
     fn make_room(
         &self,
         st: &mut State,
         members: &[Option<(u32, u64)>],
         create: bool,
+        slack: bool,
     ) -> Result<(), VolumeError> {
-        // A checkpoint holds at most the last one and what the log added since.
-        let need = (st.checkpoint_len + st.tail)
-            .max(st.checkpoint_wanted)
-            .max(1);
+        // A checkpoint holds at most its measured size and the growth since; the
+        // room keeps a slack beyond that (see "Room to grow").
+        let len = st.checkpoint_len.saturating_add(self.journal.growth());
+        let roomy = len
+            .saturating_add(room_slack(len))
+            .max(st.checkpoint_wanted);
+        let need = match slack {
+            true => roomy,
+            false => len.max(st.checkpoint_wanted),
+        }
+        .max(1);
         let want = self.remote.replicas().max(1);
         let (mut ready, mut full) = (0, false);
         for (node, link) in members.iter().enumerate() {
@@ -941,12 +1101,12 @@ impl Volume {
                 .position(|s| s.copy.node == node && s.link == link);
             let made = match spare {
                 Some(k) if st.spares[k].copy.checkpoint.len >= need => Ok(()),
-                Some(k) => self.checkpoint_chunk(node, need).map(|ck| {
+                Some(k) => self.checkpoint_chunk(node, roomy).map(|ck| {
                     let old = std::mem::replace(&mut st.spares[k].copy.checkpoint, ck);
                     self.remote.free_chunk_of(node, old);
                 }),
                 None if !create => continue,
-                None => self.new_copy(node, need).map(|copy| {
+                None => self.new_copy(node, roomy).map(|copy| {
                     st.spares.push(Spare { copy, link });
                 }),
             };
@@ -998,6 +1158,8 @@ impl Volume {
         st.log_whole = true;
         st.need_checkpoint = true;
         st.no_room = true;
+        // What the replayed log added to the checkpoint is not known: at most the log.
+        self.journal.grew(tail);
     }
 
     /// Gives a copy's chunks back: on the link they were allocated on (`same_link`),

@@ -699,13 +699,33 @@ fn entries(fs: &RmemFs, dir: Ino) -> usize {
     fs.readdir(dir, 0, usize::MAX).unwrap().len() - 2
 }
 
+/// Makes empty files in `dir` (named from `first` on), committing every 2,000 as a
+/// program calling fsync would, until one fails with ENOSPC: how many it made.
+fn files_until_full(fs: &RmemFs, dir: Ino, first: usize) -> usize {
+    let mut made = 0;
+    loop {
+        let name = format!("file-with-a-long-name-{:08}", first + made);
+        match fs.create(dir, name.as_ref(), 0o644, ME) {
+            Ok(a) => fs.release(a.ino).unwrap(),
+            Err(FsError::NoSpace) => return made,
+            Err(e) => panic!("creating {name}: {e}"),
+        }
+        made += 1;
+        if made % 2000 == 0 {
+            fs.flush_all().expect("a commit while the volume has room");
+        }
+        assert!(made < 1_000_000, "the metadata never ran out of room");
+    }
+}
+
 #[test]
-fn a_full_volume_whose_checkpoint_has_no_room_goes_on_with_its_log_and_mounts_again() {
+fn a_volume_with_no_room_for_more_metadata_refuses_new_files_and_loses_none() {
     // Another client took all but a sliver of memory before the volume was made, so
-    // its checkpoint chunks got no room to grow; many files then make a checkpoint
-    // larger than its spare, and the unmount's checkpoint finds no room: the log
-    // keeps the changes, and the mount replays it. (Fewer files than the log takes:
-    // more would need that checkpoint; see docs/volumes.md, Limits.)
+    // its spares cannot grow much. Empty files need no data, only metadata: made
+    // until one fails with ENOSPC, each must still be durable, as the checkpoint
+    // that holds them must fit its spare (before, creates never failed and the
+    // checkpoint outgrew its room: no commit, not even the unmount's, could make
+    // anything durable any more). Deletes bring the room back.
     let node = memnode_of(64 << 20);
     let scratch = connect_store(&node, None).expect("a scratch client connects");
     let other = RmemFs::new(Arc::new(scratch), 16 * BS, ME);
@@ -713,17 +733,40 @@ fn a_full_volume_whose_checkpoint_has_no_room_goes_on_with_its_log_and_mounts_ag
     other.write(hog, 0, &pattern(44 << 20, 1)).unwrap();
     other.fsync(hog).unwrap();
     let fs = mount(&node);
-    let names = 25_000;
-    many_files(&fs, names);
+    let dir = fs.mkdir(ROOT_INO, "many".as_ref(), 0o755, ME).unwrap().ino;
+    let made = files_until_full(&fs, dir, 0);
+    assert!(made > 5_000, "only {made} files before ENOSPC");
+    // What does not grow the metadata still works, and commits.
+    let first = fs
+        .lookup(dir, "file-with-a-long-name-00000000".as_ref())
+        .unwrap()
+        .ino;
+    let chmod = SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    fs.setattr(first, &chmod)
+        .expect("a chmod with no room to grow");
+    fs.flush_all().expect("a commit with no room to grow");
+    let deleted = made / 2;
+    for n in 0..deleted {
+        let name = format!("file-with-a-long-name-{n:08}");
+        fs.unlink(dir, name.as_ref()).unwrap();
+    }
+    fs.flush_all().unwrap();
+    // The checkpoint's size is measured again at most every 100 ms.
+    std::thread::sleep(Duration::from_millis(150));
+    let again = files_until_full(&fs, dir, made);
+    assert!(
+        again * 4 > deleted,
+        "{again} files made after {deleted} were deleted"
+    );
     fs.shutdown();
     drop(fs);
     let (fs, report) = mount_reporting(&node);
-    assert!(
-        report.log_entries > 0,
-        "the mount replayed the log the unmount left"
-    );
+    assert_eq!(report.log_entries, 0, "the unmount's checkpoint found room");
     let dir = lookup(&fs, "many").expect("the directory");
-    assert_eq!(entries(&fs, dir), names, "every file made");
+    assert_eq!(entries(&fs, dir), made - deleted + again, "every file made");
     fs.shutdown();
     drop(fs);
     drop(other);
