@@ -13,6 +13,9 @@
 //! - `rmemfs volume list` / `volume destroy`: the list's JSON, and destroy giving the
 //!   memnode back exactly the memory it had before the volume, without touching
 //!   another volume; the name can then be mounted again as a new, empty volume.
+//! - A full volume: a delete's room goes to the next write at once; with the memnode
+//!   full of data, creates fail with ENOSPC once the metadata would outgrow the room
+//!   kept for the next checkpoint, and every file made before survives a remount.
 
 use rmemfs_tests::data::{assert_bytes_eq, create, UncachedReader};
 use rmemfs_tests::fileset::FileSet;
@@ -668,4 +671,65 @@ fn a_full_volume_gives_a_deleted_files_room_back_at_once_and_unmounts_clean() {
         "second after a remount",
     );
     fsd.unmount();
+}
+
+/// Makes empty files with long names in `dir`, numbered from `first`, until one fails
+/// with ENOSPC: how many it made. Any other error fails the test.
+fn create_until_full(dir: &Path, first: usize) -> usize {
+    let pad = "n".repeat(200);
+    for n in 0..400_000 {
+        let path = dir.join(format!("{pad}{:08}", first + n));
+        match std::fs::File::create(&path) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => return n,
+            Err(e) => panic!("create {}: {e}", path.display()),
+        }
+    }
+    panic!("400,000 files made with the memnode full of data: the metadata never ran out of room");
+}
+
+/// A volume whose memnode is full of data still takes files that need no data (empty
+/// ones) until their metadata would not fit the room kept for the next checkpoint:
+/// then a create fails with ENOSPC, and every file made before is durable (the
+/// unmount's checkpoint fits). Before, creates never failed, the checkpoint outgrew
+/// its room, and no commit, not even the unmount's, could make anything durable.
+/// Deleting data gives the room back.
+#[test]
+fn a_volume_full_of_data_refuses_files_its_metadata_has_no_room_for_and_keeps_those_made() {
+    let _serial = heavy_test();
+    let pattern = Pattern::for_test("metadata room");
+    let memnode = MemnodeProc::start("96M");
+    let args = ["--volume", "meta", "--cache", "16M"];
+    let fsd = FsdMount::with_memnode(&memnode, &args);
+    let data = write_until_full(&fsd.join("data"), &pattern);
+    std::fs::create_dir(fsd.join("many")).expect("mkdir with data filling the memnode");
+    let made = create_until_full(&fsd.join("many"), 0);
+    println!("{data} bytes of data, then {made} empty files before ENOSPC");
+    assert!(made >= 1000, "only {made} files before ENOSPC");
+    fsd.unmount();
+    volume::assert_fsck_clean("meta", &[&memnode], "after an unmount with no room to grow");
+    let fsd = FsdMount::with_memnode(&memnode, &args);
+    let names = std::fs::read_dir(fsd.join("many"))
+        .expect("readdir")
+        .count();
+    assert_eq!(
+        names, made,
+        "every file made before ENOSPC is back after a remount"
+    );
+    let got = std::fs::read(fsd.join("data")).expect("read data");
+    assert_bytes_eq(
+        &pattern.bytes(0, data as usize),
+        &got,
+        0,
+        "data after a remount",
+    );
+    std::fs::remove_file(fsd.join("data")).expect("rm data");
+    let again = create_until_full(&fsd.join("many"), made);
+    println!("{again} more files after the data was deleted");
+    assert!(
+        again >= 1000,
+        "only {again} files made after deleting the data: its memory gave no room back"
+    );
+    fsd.unmount();
+    volume::assert_fsck_clean("meta", &[&memnode], "after more files");
 }
