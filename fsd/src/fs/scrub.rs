@@ -76,6 +76,9 @@ impl RmemFs {
             .collect();
         inodes.sort_by_key(|i| i.ino);
         let mut spent = 0;
+        // One buffer for every block of this call: a block's copies are read whole
+        // into it (a fresh zeroed one per block cost a 64 KiB memset each).
+        let mut buf = Vec::new();
         for inode in inodes {
             if inode.meta().attr.kind != FileKind::File {
                 continue;
@@ -94,7 +97,7 @@ impl RmemFs {
                 let Some((i, look)) = next else { break };
                 idx = i + 1;
                 if let Some(look) = look {
-                    spent += self.scrub_block(&inode, i, &look);
+                    spent += self.scrub_block(&inode, i, &look, &mut buf);
                     cursor.pass_blocks += 1;
                     self.scrub_counters
                         .pass_blocks
@@ -113,16 +116,16 @@ impl RmemFs {
         spent
     }
 
-    /// Reads each copy of block `idx` of `inode` and checks it; looks again with the
-    /// block locked if one seems bad. Returns the bytes read.
-    fn scrub_block(&self, inode: &Inode, idx: u64, look: &Look) -> u64 {
+    /// Reads each copy of block `idx` of `inode` into `buf` and checks it; looks again
+    /// with the block locked if one seems bad. Returns the bytes read.
+    fn scrub_block(&self, inode: &Inode, idx: u64, look: &Look, buf: &mut Vec<u8>) -> u64 {
         let mut spent = 0;
         let mut suspect = false;
-        let mut buf = vec![0u8; look.loc.bytes() as usize];
+        buf.resize(look.loc.bytes() as usize, 0);
         for r in look.loc.replicas().iter().filter(|r| self.remote.holds(r)) {
             spent += buf.len() as u64;
-            if self.remote.read_copy(*r, 0, &mut buf).is_ok()
-                && sums::first_mismatch(0, &buf, &look.expected).is_some()
+            if self.remote.read_copy(*r, 0, buf).is_ok()
+                && sums::first_mismatch(0, buf, &look.expected).is_some()
             {
                 suspect = true;
                 break;
@@ -165,7 +168,18 @@ impl RmemFs {
         for r in look.loc.replicas().iter().filter(|r| self.remote.holds(r)) {
             let mut buf = vec![0u8; len];
             if let Err(e) = self.remote.read_copy(*r, 0, &mut buf) {
-                log::warn!("scrub: reading block {idx} of inode {}: {e}", inode.ino);
+                // A block freed meanwhile (its file deleted or cut) is no longer the
+                // scrubber's business; a copy of one still in place that cannot be
+                // read is worth a warning.
+                let same = inode.meta().blocks.get(&idx).map(|e| e.loc.clone());
+                if same.as_ref() == Some(&look.loc) {
+                    log::warn!("scrub: reading block {idx} of inode {}: {e}", inode.ino);
+                } else {
+                    log::debug!(
+                        "scrub: block {idx} of inode {} went while read: {e}",
+                        inode.ino
+                    );
+                }
                 return; // a copy unread: pages without a sum wait for a full look
             }
             let pages = sums::mismatches(0, &buf, &look.expected);
