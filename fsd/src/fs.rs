@@ -1044,9 +1044,9 @@ impl RmemFs {
 
     /// Flushes everything; on a volume writes a last checkpoint and lets go of the
     /// volume (its memory stays on the memnodes), else gives all remote memory back
-    /// (unmount).
-    /// Once only on a volume: after its last checkpoint the memnodes let it go, so a
-    /// later call (the FUSE session's end, then the daemon's) has nothing to flush.
+    /// (unmount). On a volume only the first call does anything: once the volume is
+    /// let go there is nothing to flush to (the FUSE session's end and the daemon's
+    /// both call it).
     pub fn shutdown(&self) {
         if self.volume.as_ref().is_some_and(|v| v.is_closed()) {
             return;

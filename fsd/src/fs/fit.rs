@@ -72,7 +72,7 @@ impl RmemFs {
             } else {
                 grown
             };
-            self.grew_pages(grown.bytes() - old.bytes());
+            self.grew_pages(grown.bytes().saturating_sub(old.bytes()));
             self.replace_copies(inode, index, grown);
             return Ok(());
         }
