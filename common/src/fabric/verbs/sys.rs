@@ -14,7 +14,7 @@ use std::ffi::CStr;
 use std::net::SocketAddr;
 use std::os::raw::c_void;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The last OS error as text, for messages.
 pub fn errno_text() -> String {
@@ -110,6 +110,23 @@ pub fn wait_readable(fd: i32, timeout: Duration) -> Result<bool, String> {
     Ok(n > 0)
 }
 
+/// Makes `fd` non-blocking, so a read that finds nothing fails with EAGAIN instead of
+/// sleeping until something comes.
+fn set_nonblocking(fd: i32, what: &str) -> Result<(), FabricError> {
+    // SAFETY: fcntl on a valid fd with integer arguments.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(local_err(what));
+    }
+    Ok(())
+}
+
+/// Whether the last OS error says a non-blocking read found nothing.
+fn would_block() -> bool {
+    std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+}
+
 /// Names of the RDMA devices on this host; an empty list when there are none (also
 /// when the kernel has no RDMA support at all, where libibverbs fails with ENOSYS).
 pub fn device_names() -> Vec<String> {
@@ -142,13 +159,16 @@ unsafe impl Send for EventChannel {}
 unsafe impl Sync for EventChannel {}
 
 impl EventChannel {
+    /// A new channel whose fd does not block (see [`EventChannel::next`]).
     pub fn new() -> Result<EventChannel, FabricError> {
         // SAFETY: no arguments; NULL on failure.
         let ch = unsafe { rdma_create_event_channel() };
         if ch.is_null() {
             return Err(local_err("rdma_create_event_channel"));
         }
-        Ok(EventChannel(ch))
+        let ch = EventChannel(ch);
+        set_nonblocking(ch.fd(), "making the rdma_cm channel non-blocking")?;
+        Ok(ch)
     }
 
     pub fn fd(&self) -> i32 {
@@ -158,17 +178,31 @@ impl EventChannel {
 
     /// The next event, if one arrives within `timeout`. The event is acknowledged
     /// before returning; what callers need from it is copied into [`CmEvent`].
+    ///
+    /// The fd being readable does not promise an event: destroying an id takes its
+    /// unread events off the channel (the kernel's ucma does so), so a listener
+    /// whose connection thread destroyed its id between the poll and the read found
+    /// nothing, and a blocking read then slept forever (seen under Soft-RoCE: a
+    /// listener that never finished shutting down). The fd is non-blocking, so such
+    /// a read fails with EAGAIN and the wait goes on until `timeout`.
     pub fn next(&self, timeout: Duration) -> Result<Option<CmEvent>, FabricError> {
-        if !wait_readable(self.fd(), timeout).map_err(FabricError::Local)? {
-            return Ok(None);
-        }
+        let deadline = Instant::now() + timeout;
         let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
-        // SAFETY: the channel is valid; the fd is readable so this does not block
-        // for long (another reader could have taken the event: then it blocks until
-        // the next one, which the backend avoids by reading each channel from one
-        // thread).
-        if unsafe { rdma_get_cm_event(self.0, &mut ev) } != 0 {
-            return Err(local_err("rdma_get_cm_event"));
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !wait_readable(self.fd(), left).map_err(FabricError::Local)? {
+                return Ok(None);
+            }
+            // SAFETY: the channel is valid; its fd is non-blocking.
+            if unsafe { rdma_get_cm_event(self.0, &mut ev) } == 0 {
+                break;
+            }
+            if !would_block() {
+                return Err(local_err("rdma_get_cm_event"));
+            }
+            if left.is_zero() {
+                return Ok(None);
+            }
         }
         // SAFETY: rdma_get_cm_event succeeded, so `ev` points to a valid event until
         // it is acknowledged below; for connection events `param.conn` is the
@@ -466,6 +500,10 @@ impl Cq {
             channel,
             unacked: 0,
         };
+        // Only this CQ's owner reads the channel, so a readable fd has an event; the
+        // fd does not block all the same, so that could never turn into a sleep
+        // without a deadline.
+        set_nonblocking(cq.fd(), "making the completion channel non-blocking")?;
         cq.arm()?;
         Ok(cq)
     }
@@ -495,8 +533,9 @@ impl Cq {
         if wait_readable(self.fd(), timeout).map_err(FabricError::Local)? {
             let mut cq = std::ptr::null_mut();
             let mut ctx = std::ptr::null_mut();
-            // SAFETY: the channel is readable, so this returns at once with the CQ
-            // that has an event (ours: the channel serves one CQ).
+            // SAFETY: valid channel with a non-blocking fd; an event names our CQ
+            // (the channel serves one CQ). Nothing read (EAGAIN) is a spurious
+            // wake-up: the polls around it find what there is.
             if unsafe { ibv_get_cq_event(self.channel, &mut cq, &mut ctx) } == 0 {
                 self.unacked += 1;
                 if self.unacked >= 64 {
