@@ -271,8 +271,9 @@ fn peer_of(id: &CmId) -> String {
 }
 
 /// One accepted connection, owned by its thread. Field order is drop order: the QP
-/// (in the id) before its CQ and buffers, the PD last.
+/// before its CQ and buffers, the PD last.
 struct ServerConn {
+    qp: Qp,
     id: CmId,
     cq: Cq,
     msgs: Messages,
@@ -301,47 +302,45 @@ fn accept(id: CmId, ev: &CmEvent, s: &Arc<Shared>) -> Result<(), String> {
     let mut client_bytes = [0u8; 8];
     client_bytes.copy_from_slice(&ev.private[4..12]);
     let client = u64::from_le_bytes(client_bytes);
-    let setup = || -> Result<(Cq, Messages, Arc<Pd>), FabricError> {
+    let setup = || -> Result<(Qp, Cq, Messages, Arc<Pd>), FabricError> {
         let ctx = id.verbs();
         let limits = device_limits(ctx)?;
         let pd = s.registry.pd_for(client, ctx)?;
         let cq = Cq::new(ctx, (SEND_DEPTH as usize + RECV_DEPTH) as i32)?;
-        id.create_qp(&pd, &cq, SEND_DEPTH, RECV_DEPTH as u32)?;
-        let msgs = match Messages::new(&pd) {
-            Ok(m) => m,
-            Err(e) => {
-                destroy_qp(&id);
-                return Err(e);
-            }
-        };
-        if let Err(e) = msgs.post_all_recvs(id.qp()) {
-            destroy_qp(&id);
-            return Err(e);
-        }
+        let responder_resources = ev.initiator_depth.min(limits.max_rd_atomic).max(1);
+        let initiator_depth = ev.responder_resources.min(limits.max_rd_atomic);
+        // No one-sided access before the Hello has authenticated the client: the QP
+        // is ready, with no remote access, before the answer goes out.
+        let qp = Qp::for_connection_request(
+            &id,
+            &pd,
+            &cq,
+            (SEND_DEPTH, RECV_DEPTH as u32),
+            responder_resources,
+            initiator_depth,
+        )?;
+        let msgs = Messages::new(&pd)?;
+        msgs.post_all_recvs(qp.0)?;
         // SAFETY: all-zero is a valid rdma_conn_param; the fields used are set.
         let mut param: rdma_conn_param = unsafe { std::mem::zeroed() };
-        param.responder_resources = ev.initiator_depth.min(limits.max_rd_atomic).max(1);
-        param.initiator_depth = ev.responder_resources.min(limits.max_rd_atomic);
+        param.responder_resources = responder_resources;
+        param.initiator_depth = initiator_depth;
         param.retry_count = 7;
         param.rnr_retry_count = 7;
-        // SAFETY: valid id with a QP, answering its connection request.
+        param.qp_num = qp.num();
+        // SAFETY: valid id answering its connection request; no QP is attached to
+        // it, so rdma_cm leaves `qp` (named by qp_num) alone.
         if unsafe { rdma_accept(id.0, &mut param) } != 0 {
-            let e = local_err("rdma_accept");
-            destroy_qp(&id);
-            return Err(e);
+            return Err(local_err("rdma_accept"));
         }
-        // No one-sided access before the Hello has authenticated the client.
-        if let Err(e) = set_remote_access(&id, false) {
-            destroy_qp(&id);
-            return Err(e);
-        }
-        Ok((cq, msgs, pd))
+        Ok((qp, cq, msgs, pd))
     };
-    let (cq, msgs, pd) = match setup() {
+    let (qp, cq, msgs, pd) = match setup() {
         Ok(parts) => parts,
         Err(e) => return Err(reject(&id, &format!("{peer}: {e}"))),
     };
     let mut conn = ServerConn {
+        qp,
         id,
         cq,
         msgs,
@@ -389,26 +388,16 @@ fn accept(id: CmId, ev: &CmEvent, s: &Arc<Shared>) -> Result<(), String> {
     }
 }
 
-fn destroy_qp(id: &CmId) {
-    if !id.qp().is_null() {
-        // SAFETY: the QP was created on this id and is not used by anything else;
-        // rdma_destroy_qp clears id->qp.
-        unsafe { rdma_destroy_qp(id.0) };
-    }
-}
-
-/// Grants or withdraws remote READ/WRITE through the connection's QP.
-fn set_remote_access(id: &CmId, allow: bool) -> Result<(), FabricError> {
+/// Grants remote READ/WRITE through the connection's QP (made without any, see
+/// [`Qp::for_connection_request`]), once the Hello authenticated the client.
+fn grant_remote_access(qp: &Qp) -> Result<(), FabricError> {
     // SAFETY: all-zero is a valid ibv_qp_attr; only the access flags are used.
     let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
-    attr.qp_access_flags = if allow {
-        ibv_access_flags::IBV_ACCESS_REMOTE_READ.0 | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
-    } else {
-        0
-    };
+    attr.qp_access_flags =
+        ibv_access_flags::IBV_ACCESS_REMOTE_READ.0 | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
     let mask = ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS.0 as i32;
     // SAFETY: valid QP in RTS; changing only the access flags is allowed there.
-    let rc = unsafe { ibv_modify_qp(id.qp(), &mut attr, mask) };
+    let rc = unsafe { ibv_modify_qp(qp.0, &mut attr, mask) };
     if rc != 0 {
         return Err(FabricError::Local(format!(
             "ibv_modify_qp(access flags): {}",
@@ -460,7 +449,7 @@ fn serve(
             };
             let frame = conn.msgs.received(slot, lens[slot]).to_vec();
             conn.msgs
-                .post_recv(conn.id.qp(), slot)
+                .post_recv(conn.qp.0, slot)
                 .map_err(|e| e.to_string())?;
             let reply = s.control.handle(state, &frame);
             match state.client {
@@ -471,13 +460,13 @@ fn serve(
                     ));
                 }
                 Some(_) if !authenticated => {
-                    set_remote_access(&conn.id, true).map_err(|e| e.to_string())?;
+                    grant_remote_access(&conn.qp).map_err(|e| e.to_string())?;
                     authenticated = true;
                 }
                 _ => {}
             }
             conn.msgs
-                .post_send(conn.id.qp(), &reply.frame)
+                .post_send(conn.qp.0, &reply.frame)
                 .map_err(|e| e.to_string())?;
             sending = true;
             if reply.close {

@@ -297,7 +297,8 @@ impl CmId {
         unsafe { (*self.0).qp }
     }
 
-    /// Creates the RC queue pair of this connection in `pd`, both queues on `cq`.
+    /// Creates the RC queue pair of this connection in `pd`, both queues on `cq`;
+    /// rdma_cm owns it and moves it through its states.
     pub fn create_qp(
         &self,
         pd: &Pd,
@@ -305,17 +306,7 @@ impl CmId {
         send_depth: u32,
         recv_depth: u32,
     ) -> Result<(), FabricError> {
-        // SAFETY: all-zero is a valid ibv_qp_init_attr; the fields that matter are
-        // set below.
-        let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-        attr.send_cq = cq.cq;
-        attr.recv_cq = cq.cq;
-        attr.qp_type = ibv_qp_type::IBV_QPT_RC;
-        attr.cap.max_send_wr = send_depth;
-        attr.cap.max_recv_wr = recv_depth;
-        attr.cap.max_send_sge = 1;
-        attr.cap.max_recv_sge = 1;
-        attr.sq_sig_all = 0;
+        let mut attr = rc_qp_init_attr(cq, send_depth, recv_depth);
         // SAFETY: id, pd and cq are valid and on the same device context (the
         // callers create pd and cq from this id's context).
         if unsafe { rdma_create_qp(self.0, pd.0, &mut attr) } != 0 {
@@ -361,6 +352,114 @@ impl Drop for CmId {
             }
             rdma_destroy_id(self.0);
         }
+    }
+}
+
+/// The attributes of an RC queue pair with both queues on `cq`, one scatter entry
+/// per work request, completions only for signalled requests.
+fn rc_qp_init_attr(cq: &Cq, send_depth: u32, recv_depth: u32) -> ibv_qp_init_attr {
+    // SAFETY: all-zero is a valid ibv_qp_init_attr; the fields that matter are set.
+    let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+    attr.send_cq = cq.cq;
+    attr.recv_cq = cq.cq;
+    attr.qp_type = ibv_qp_type::IBV_QPT_RC;
+    attr.cap.max_send_wr = send_depth;
+    attr.cap.max_recv_wr = recv_depth;
+    attr.cap.max_send_sge = 1;
+    attr.cap.max_recv_sge = 1;
+    attr.sq_sig_all = 0;
+    attr
+}
+
+/// An RC queue pair the passive side owns and moves through its states itself,
+/// destroyed on drop (before the CQ it uses and its protection domain: owners' field
+/// order).
+///
+/// Why not rdma_cm's own queue pair: `rdma_accept` takes such a QP through INIT, RTR
+/// and RTS with the access the kernel's CM hands out, which always includes remote
+/// WRITE (and READ when the peer asked for responder resources), and sends its
+/// answer in the same call. The peer can post a WRITE the moment it sees the
+/// connection established, before this side could take the access back. A QP made
+/// here reaches RTS with no remote access at all, before the answer goes out.
+pub struct Qp(pub *mut ibv_qp);
+
+// SAFETY: see Pd; verbs QPs may be posted to and modified from any thread.
+unsafe impl Send for Qp {}
+
+impl Qp {
+    /// A queue pair in `pd` on `cq` for the connection request of `id`, ready to
+    /// send and receive (RTS) but granting no remote access. `responder_resources`
+    /// and `initiator_depth` are what this side will put in its `rdma_accept`, whose
+    /// `qp_num` must be this QP's.
+    pub fn for_connection_request(
+        id: &CmId,
+        pd: &Pd,
+        cq: &Cq,
+        depths: (u32, u32),
+        responder_resources: u8,
+        initiator_depth: u8,
+    ) -> Result<Qp, FabricError> {
+        let mut init = rc_qp_init_attr(cq, depths.0, depths.1);
+        // SAFETY: pd and cq are valid and on the same device context.
+        let qp = unsafe { ibv_create_qp(pd.0, &mut init) };
+        if qp.is_null() {
+            return Err(local_err("ibv_create_qp"));
+        }
+        let qp = Qp(qp);
+        qp.modify_from_cm(id, ibv_qp_state::IBV_QPS_INIT, |attr| {
+            attr.qp_access_flags = 0
+        })?;
+        qp.modify_from_cm(id, ibv_qp_state::IBV_QPS_RTR, |attr| {
+            attr.max_dest_rd_atomic = responder_resources
+        })?;
+        qp.modify_from_cm(id, ibv_qp_state::IBV_QPS_RTS, |attr| {
+            attr.max_rd_atomic = initiator_depth
+        })?;
+        Ok(qp)
+    }
+
+    /// Moves the QP to `state` with the attributes rdma_cm computes for `id` (path,
+    /// peer QP number, PSNs, ...), after `adjust` changed what this side decides.
+    fn modify_from_cm(
+        &self,
+        id: &CmId,
+        state: ibv_qp_state::Type,
+        adjust: impl FnOnce(&mut ibv_qp_attr),
+    ) -> Result<(), FabricError> {
+        // SAFETY: all-zero is a valid ibv_qp_attr to be filled.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = state;
+        let mut mask = 0;
+        // SAFETY: valid id with a connection request; attr and mask are out values.
+        if unsafe { rdma_init_qp_attr(id.0, &mut attr, &mut mask) } != 0 {
+            return Err(local_err("rdma_init_qp_attr"));
+        }
+        // Bits 21-24 are reserved in the kernel's mask (old kernels put RoCE fields
+        // there that ibv_modify_qp does not take); librdmacm clears them as well.
+        mask &= !0x01e0_0000;
+        adjust(&mut attr);
+        // SAFETY: valid QP; attr and mask come from rdma_cm for this state.
+        let rc = unsafe { ibv_modify_qp(self.0, &mut attr, mask) };
+        if rc != 0 {
+            return Err(FabricError::Local(format!(
+                "ibv_modify_qp(to state {state}): {}",
+                std::io::Error::from_raw_os_error(rc)
+            )));
+        }
+        Ok(())
+    }
+
+    /// This QP's number, for `rdma_conn_param::qp_num`.
+    pub fn num(&self) -> u32 {
+        // SAFETY: valid QP.
+        unsafe { (*self.0).qp_num }
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        // SAFETY: created by ibv_create_qp and destroyed once.
+        unsafe { ibv_destroy_qp(self.0) };
     }
 }
 
