@@ -388,25 +388,6 @@ fn accept(id: CmId, ev: &CmEvent, s: &Arc<Shared>) -> Result<(), String> {
     }
 }
 
-/// Grants remote READ/WRITE through the connection's QP (made without any, see
-/// [`Qp::for_connection_request`]), once the Hello authenticated the client.
-fn grant_remote_access(qp: &Qp) -> Result<(), FabricError> {
-    // SAFETY: all-zero is a valid ibv_qp_attr; only the access flags are used.
-    let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
-    attr.qp_access_flags =
-        ibv_access_flags::IBV_ACCESS_REMOTE_READ.0 | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
-    let mask = ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS.0 as i32;
-    // SAFETY: valid QP in RTS; changing only the access flags is allowed there.
-    let rc = unsafe { ibv_modify_qp(qp.0, &mut attr, mask) };
-    if rc != 0 {
-        return Err(FabricError::Local(format!(
-            "ibv_modify_qp(access flags): {}",
-            std::io::Error::from_raw_os_error(rc)
-        )));
-    }
-    Ok(())
-}
-
 /// Answers control frames until the connection closes (Ok) or fails (Err with why).
 fn serve(
     conn: &mut ServerConn,
@@ -460,7 +441,7 @@ fn serve(
                     ));
                 }
                 Some(_) if !authenticated => {
-                    grant_remote_access(&conn.qp).map_err(|e| e.to_string())?;
+                    conn.qp.grant_remote_access().map_err(|e| e.to_string())?;
                     authenticated = true;
                 }
                 _ => {}

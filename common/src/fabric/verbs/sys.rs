@@ -438,11 +438,27 @@ impl Qp {
         // there that ibv_modify_qp does not take); librdmacm clears them as well.
         mask &= !0x01e0_0000;
         adjust(&mut attr);
-        // SAFETY: valid QP; attr and mask come from rdma_cm for this state.
-        let rc = unsafe { ibv_modify_qp(self.0, &mut attr, mask) };
+        self.modify(&mut attr, mask, &format!("to state {state}"))
+    }
+
+    /// Grants remote READ and WRITE (the QP was made without any, see
+    /// [`Qp::for_connection_request`]).
+    pub fn grant_remote_access(&self) -> Result<(), FabricError> {
+        // SAFETY: all-zero is a valid ibv_qp_attr; only the access flags are used.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_access_flags = ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
+            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        let mask = ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS.0 as i32;
+        // Changing only the access flags is allowed in RTS.
+        self.modify(&mut attr, mask, "access flags")
+    }
+
+    fn modify(&self, attr: &mut ibv_qp_attr, mask: i32, what: &str) -> Result<(), FabricError> {
+        // SAFETY: valid QP; the caller's attributes and mask suit its state.
+        let rc = unsafe { ibv_modify_qp(self.0, attr, mask) };
         if rc != 0 {
             return Err(FabricError::Local(format!(
-                "ibv_modify_qp(to state {state}): {}",
+                "ibv_modify_qp({what}): {}",
                 std::io::Error::from_raw_os_error(rc)
             )));
         }
