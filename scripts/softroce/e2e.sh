@@ -39,11 +39,6 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=SCRIPTDIR/lib.sh
 . "$here/lib.sh"
 
-usage() {
-    sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}" >&2
-    exit "${1:-2}"
-}
-
 transport=verbs
 tests=round_trip,full_remote_memory,posix,remote_memory_reclaim,remote_traffic,replication:two_replicas_survive,replication:one_replica_losing,fabricbench,volumes:second_fsd_is_refused_and_takeover_fences,volumes:rmemfs_volume_list_and_destroy,volumes_damage,integrity
 timeout_s=720

@@ -9,6 +9,13 @@ softroce_repo="$(cd "$softroce_here/../.." && pwd)"
 # shellcheck disable=SC2034 # used by the scripts that source this file
 SOFTROCE_GUEST_IP=10.0.2.15
 
+# usage [STATUS]: prints the running script's header comment (its usage: the lines
+# from the second to `set -euo`, without their `# `) and exits with STATUS (2).
+usage() {
+    sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2
+    exit "${1:-2}"
+}
+
 die() {
     printf 'softroce: %s\n' "$*" >&2
     exit 1
