@@ -3,10 +3,12 @@
 # The guest side of e2e.sh: e2e.sh passes this file's text to `sh -c` inside the
 # Soft-RoCE guest, with arguments
 #
-#   TRANSPORT OP_TIMEOUT NAME=TEST_BINARY[@FILTER]...
+#   TRANSPORT OP_TIMEOUT WATCH NAME=TEST_BINARY[@FILTER]...
 #
-# and it runs each test binary in turn (libtest, one test at a time, captured output
-# shown; with FILTER only the tests whose names contain it) with the environment the harness and common/tests/fabric.rs read:
+# after the text of guest-watch.sh, and it runs each test binary in turn (libtest, one
+# test at a time, captured output shown; with FILTER only the tests whose names
+# contain it; one still running after WATCH seconds is hung: where its threads are is
+# printed, it is killed with status 124 and the next binary runs) with the environment the harness and common/tests/fabric.rs read:
 # RMEMFS_TRANSPORT, RMEMFS_BIN_DIR (memnode, fsd, rmemfs and fabricbench are in /usr/local/bin),
 # RMEMFS_TEST_OP_TIMEOUT (fsd's --op-timeout) and RMEMFS_TEST_HOST (where test servers
 # and memnodes listen: rxe0's IPv4 address, since RoCE cannot reach loopback).
@@ -16,7 +18,8 @@
 
 transport="$1"
 op_timeout="$2"
-shift 2
+watch="$3"
+shift 3
 
 export RMEMFS_TRANSPORT="$transport"
 export RMEMFS_BIN_DIR=/usr/local/bin
@@ -45,15 +48,22 @@ for spec in "$@"; do
     echo "E2E-BEGIN $name"
     t0="$(now)"
     # shellcheck disable=SC2086 # no filter: no argument
-    "$bin" $filter --test-threads 1 --show-output
-    rc=$?
+    "$bin" $filter --test-threads 1 --show-output &
+    rc=0
+    watch_run $! "$watch" || rc=$?
     t1="$(now)"
     echo "E2E-END $name rc=$rc seconds=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')"
     if [ "$rc" -ne 0 ]; then
         failed=$((failed + 1))
         # What a failing test may have left: mounts, daemons.
         grep -E 'fuse|rmemfs' /proc/mounts | sed 's/^/  mount: /'
-        pgrep -l -f 'memnode|fsd' | sed 's/^/  proc: /'
+        # (busybox here has no pgrep)
+        for p in /proc/[0-9]*; do
+            cmd="$(tr '\0' ' ' <"$p"/cmdline 2>/dev/null)"
+            case "${cmd%% *}" in
+            */memnode | */fsd) echo "  proc: ${p#/proc/} $cmd" ;;
+            esac
+        done
     fi
 done
 exit "$failed"

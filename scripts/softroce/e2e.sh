@@ -6,7 +6,7 @@
 # and fsd mounting with FUSE in the guest.
 #
 # Usage: e2e.sh [--transport verbs|tcp|auto] [--tests NAME,...] [--timeout SECS] [--mem MB] [--smp N] [--op-timeout SECS]
-#               [--workdir DIR]
+#               [--watch SECS] [--workdir DIR]
 #
 #   --transport T     what the tests run over in the guest (default verbs). `tcp` is a
 #                     real run of the same pipeline without RDMA (the guest still has
@@ -23,6 +23,9 @@
 #                     over verbs lives there).
 #   --timeout SECS    wall time for the whole guest run (default 720).
 #   --mem MB          guest memory (default 2048); --smp N guest CPUs (default 2).
+#   --watch SECS      a test binary still running after SECS (default 300; the slowest,
+#                     remote_traffic, takes about 125 s) is hung: the guest prints its
+#                     threads' kernel stacks, kills it and goes on with the next one.
 #   --op-timeout S    fsd's --op-timeout in the tests (default 30; emulated RDMA is
 #                     slow and jittery).
 #   --workdir DIR     the guest's work dir (see build-guest.sh).
@@ -45,10 +48,11 @@ timeout_s=720
 mem=2048
 smp=2
 op_timeout=30
+watch=300
 workdir_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
-    --transport | --tests | --timeout | --mem | --smp | --op-timeout | --workdir)
+    --transport | --tests | --timeout | --mem | --smp | --op-timeout | --watch | --workdir)
         [ $# -ge 2 ] || usage
         case "$1" in
         --transport) transport="$2" ;;
@@ -57,6 +61,7 @@ while [ $# -gt 0 ]; do
         --mem) mem="$2" ;;
         --smp) smp="$2" ;;
         --op-timeout) op_timeout="$2" ;;
+        --watch) watch="$2" ;;
         --workdir) workdir_args=(--workdir "$2") ;;
         esac
         shift 2
@@ -73,7 +78,7 @@ case "$transport" in
 verbs | tcp | auto) ;;
 *) die "--transport must be verbs, tcp or auto, not $transport" ;;
 esac
-for n in "$timeout_s" "$mem" "$smp" "$op_timeout"; do
+for n in "$timeout_s" "$mem" "$smp" "$op_timeout" "$watch"; do
     [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "not a positive number: $n"
 done
 
@@ -149,7 +154,7 @@ imaged=$SECONDS
 log "booting the guest: ${specs[*]%%=*} over $transport (timeout $timeout_s s)"
 guest_rc=0
 "$here/run-guest.sh" "${workdir_args[@]}" --timeout "$timeout_s" --mem "$mem" --smp "$smp" -- \
-    sh -c "$(cat "$here/e2e-guest.sh")" e2e-guest "$transport" "$op_timeout" "${specs[@]}" |
+    sh -c "$(cat "$here/guest-watch.sh" "$here/e2e-guest.sh")" e2e-guest "$transport" "$op_timeout" "$watch" "${specs[@]}" |
     tee "$out" || guest_rc=$?
 finished=$SECONDS
 
@@ -177,6 +182,9 @@ for spec in "${specs[@]}"; do
     ' "$out")
     if [ "$rc" = none ]; then
         echo "FAIL $name: did not finish ($p passed, $f failed before the guest stopped)"
+        f=$((f + 1))
+    elif [ "$rc" -eq 124 ]; then
+        echo "FAIL $name: hung, killed after $watch s ($p passed before; its threads' kernel stacks are above)"
         f=$((f + 1))
     elif [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
         echo "FAIL $name: exited with status $rc after $p passed tests (${secs} s)"

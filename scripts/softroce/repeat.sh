@@ -77,27 +77,14 @@ while [ "$i" -lt "$runs" ]; do
     i=$((i + 1))
     # shellcheck disable=SC2086 # no filter: no argument
     /usr/local/bin/fabric $filter --test-threads 1 >/tmp/run.out 2>&1 &
-    pid=$!
-    waited=0
-    while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt "$watch" ]; do sleep 1; waited=$((waited + 1)); done
-    if kill -0 "$pid" 2>/dev/null; then
+    status=0
+    watch_run $! "$watch" >/tmp/watch.out 2>&1 || status=$?
+    if [ "$status" -eq 124 ]; then
         hung=$((hung + 1))
-        echo "run $i: HUNG after $watch s; its output so far:"
-        cat /tmp/run.out
-        for t in /proc/"$pid"/task/*; do
-            echo "thread $(cat "$t"/comm): $(grep State "$t"/status)"
-            cat "$t"/stack
-        done
-        for t in /proc/[0-9]*; do
-            case "$(grep State "$t"/status 2>/dev/null)" in
-            *D*) echo "task in D state: $(cat "$t"/comm)" && cat "$t"/stack ;;
-            esac
-        done
-        dmesg | tail -n 40
-        kill -9 "$pid"
+        echo "run $i: its output so far:"
+        cat /tmp/run.out /tmp/watch.out
         break
-    fi
-    if wait "$pid"; then
+    elif [ "$status" -eq 0 ]; then
         passed=$((passed + 1))
     else
         failed=$((failed + 1))
@@ -113,7 +100,7 @@ out="$(mktemp "${TMPDIR:-/tmp}/softroce-repeat.XXXXXX")"
 trap 'rm -f "$out"' EXIT
 rc=0
 "$here/run-guest.sh" "${workdir_args[@]}" --timeout "$timeout_s" --mem 2048 -- \
-    sh -c "$guest" repeat "$runs" "$watch" "$filter" | tee "$out" || rc=$?
+    sh -c "$(cat "$here/guest-watch.sh")$guest" repeat "$runs" "$watch" "$filter" | tee "$out" || rc=$?
 result="$(grep -a '^REPEAT-RESULT' "$out" | tail -n 1 | sed 's/^REPEAT-RESULT //; s/\r$//')"
 [ -n "$result" ] || die "the guest stopped before the runs finished (run-guest.sh status $rc)"
 echo "$result"
