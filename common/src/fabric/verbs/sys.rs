@@ -434,8 +434,10 @@ impl Qp {
         if unsafe { rdma_init_qp_attr(id.0, &mut attr, &mut mask) } != 0 {
             return Err(local_err("rdma_init_qp_attr"));
         }
-        // Bits 21-24 are reserved in the kernel's mask (old kernels put RoCE fields
-        // there that ibv_modify_qp does not take); librdmacm clears them as well.
+        // Bits 21-24 are reserved in the kernel's mask: old kernels put RoCE fields
+        // there that ibv_modify_qp does not take. librdmacm clears 21-23, and only on
+        // an InfiniBand link; clearing 21-24 always is safe, as no current kernel sets
+        // them on any link.
         mask &= !0x01e0_0000;
         adjust(&mut attr);
         self.modify(&mut attr, mask, &format!("to state {state}"))
