@@ -55,15 +55,27 @@ for spec in "$@"; do
     echo "E2E-END $name rc=$rc seconds=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')"
     if [ "$rc" -ne 0 ]; then
         failed=$((failed + 1))
-        # What a failing test may have left: mounts, daemons.
-        grep -E 'fuse|rmemfs' /proc/mounts | sed 's/^/  mount: /'
+        # What a failing test may have left, shown and then cleared so that the
+        # next binary starts as the first did: daemons (a hung binary, killed by
+        # the watch, leaves its fixtures' memnodes and fsds running), then mounts.
         # (busybox here has no pgrep)
         for p in /proc/[0-9]*; do
             cmd="$(tr '\0' ' ' <"$p"/cmdline 2>/dev/null)"
             case "${cmd%% *}" in
-            */memnode | */fsd) echo "  proc: ${p#/proc/} $cmd" ;;
+            */memnode | */fsd)
+                echo "  proc: ${p#/proc/} $cmd (killed)"
+                kill -9 "${p#/proc/}" 2>/dev/null || true
+                ;;
             esac
         done
+        while read -r _ dir type _; do
+            case "$type" in
+            fuse | fuse.*)
+                echo "  mount: $dir $type (unmounted)"
+                umount -l "$dir" 2>/dev/null || true
+                ;;
+            esac
+        done </proc/mounts
     fi
 done
 exit "$failed"
