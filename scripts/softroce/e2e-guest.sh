@@ -60,7 +60,7 @@ for spec in "$@"; do
         # the watch, leaves its fixtures' memnodes and fsds running), then mounts.
         # (busybox here has no pgrep)
         for p in /proc/[0-9]*; do
-            cmd="$(tr '\0' ' ' <"$p"/cmdline 2>/dev/null)"
+            cmd="$(tr '\0' ' ' 2>/dev/null <"$p"/cmdline)"
             case "${cmd%% *}" in
             */memnode | */fsd)
                 echo "  proc: ${p#/proc/} $cmd (killed)"
