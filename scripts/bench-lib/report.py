@@ -31,7 +31,9 @@ bound, the ring ceiling nullfs (FUSE over io_uring, no data), or for the random 
 that miss the cache the lower of nullfs and the fabric alone; over sshfs to a tmpfs;
 over rmemfs-classic, the same fsd on /dev/fuse (the ring's gain), and nullfs's over
 nullfs-classic; then whether rmemfs reaches 0.6x of its bound, and 5x sshfs where the
-bound is 5.5x sshfs or more) and the metadata jobs (files/s, seconds, latency, rmemfs
+bound is 5.5x sshfs or more, and for a job below 0.6x what bounds it: the fabric alone
+over nullfs, rmemfs over the fabric alone, rmemfs's CPU time per request over the
+fabric's and nullfs's added) and the metadata jobs (files/s, seconds, latency, rmemfs
 over tmpfs, sshfs, nullfs and rmemfs-classic, plus rmemfs-vol's over rmemfs's: what
 durable metadata costs), and the copy jobs (MB/s, seconds, each target's copy-range
 over its copy-rw, which on rmemfs is what serving copy_file_range in remote memory
@@ -506,6 +508,25 @@ def copy_speedups(results, targets):
     return out
 
 
+def what_bounds(by, job):
+    """What rmemfs is made of in job, from the same run: the fabric alone over the
+    ring ceiling (nullfs), rmemfs over the fabric alone, and the CPU time of one of
+    rmemfs's requests over that of the fabric's and nullfs's added. rmemfs does both
+    the fabric's work and the ring's on CPUs that all the processes share, so where
+    the fabric alone is near or below the bar, or rmemfs's CPU time is about the
+    two added, those two bound it. None where a number is missing."""
+    mine, fabric, nullfs = (ok_rate(by, job, t) for t in ("rmemfs", "fabric", "nullfs"))
+    cpu = {t: (by.get((job, t)) or {}).get("cpu_us_per_request")
+           for t in ("rmemfs", "fabric", "nullfs")}
+    parts = cpu["fabric"] + cpu["nullfs"] if cpu["fabric"] and cpu["nullfs"] else None
+    return {
+        "fabric_vs_nullfs": fabric / nullfs if fabric and nullfs else None,
+        "rmemfs_vs_fabric": mine / fabric if mine and fabric else None,
+        "rmemfs_cpu_vs_fabric_plus_nullfs":
+            cpu["rmemfs"] / parts if mine and cpu["rmemfs"] and parts else None,
+    }
+
+
 def bounds(results, jobs, targets):
     """Per fio job, rmemfs's bound and where rmemfs stands against the bar: the
     bound's target and throughput (the lowest of BOUND_OF's targets that ran), the
@@ -528,6 +549,7 @@ def bounds(results, jobs, targets):
             "rmemfs_vs_bound": None, "rmemfs_vs_sshfs": None, "bound_vs_sshfs": None,
             "meets_bound": None, "sshfs_rule_applies": None, "meets_sshfs": None,
         }
+        entry.update(what_bounds(by, job))
         if have:
             value, target = min(have)
             entry["bound_target"], entry["bound_bytes_per_s"] = target, value
@@ -855,6 +877,19 @@ def print_bar(doc):
             text += (f"; not applicable (bound below {BAR_SSHFS_IF:g}x sshfs) in "
                      f"{listed(bar['sshfs']['not_applicable'], 'bound_vs_sshfs')}")
         print(text)
+    for job in bar["bound"]["missed"]:
+        b = bounds[job]
+        said = []
+        if b.get("fabric_vs_nullfs") is not None:
+            said.append(f"the fabric alone does {fmt_ratio(b['fabric_vs_nullfs'])} of nullfs")
+        if b.get("rmemfs_vs_fabric") is not None:
+            said.append(f"rmemfs {fmt_ratio(b['rmemfs_vs_fabric'])} of the fabric alone")
+        if b.get("rmemfs_cpu_vs_fabric_plus_nullfs") is not None:
+            said.append("a request costs rmemfs "
+                        f"{fmt_ratio(b['rmemfs_cpu_vs_fabric_plus_nullfs'])} the CPU time "
+                        "of the fabric's and nullfs's added")
+        if said:
+            print(f"  {job}: {'; '.join(said)}")
     for t in sorted({t for b in bounds.values() if b["in_bar"] for t in b["bound_missing"]}):
         jobs = [j for j, b in bounds.items() if b["in_bar"] and t in b["bound_missing"]]
         print(f"  {t} did not run or failed, so the bound of {', '.join(jobs)} leaves it "
