@@ -509,12 +509,12 @@ def copy_speedups(results, targets):
 
 
 def what_bounds(by, job):
-    """What rmemfs is made of in job, from the same run: the fabric alone over the
-    ring ceiling (nullfs), rmemfs over the fabric alone, and the CPU time of one of
-    rmemfs's requests over that of the fabric's and nullfs's added. rmemfs does both
-    the fabric's work and the ring's on CPUs that all the processes share, so where
-    the fabric alone is near or below the bar, or rmemfs's CPU time is about the
-    two added, those two bound it. None where a number is missing."""
+    """The figures that say what bounds rmemfs in job, from the same run: the fabric
+    alone over the ring ceiling (nullfs), rmemfs over the fabric alone, and the CPU
+    time of one of rmemfs's requests over that of the fabric's and nullfs's added.
+    rmemfs does both the fabric's work and the ring's on CPUs that all the processes
+    share, so where the fabric alone is near or below the bar, or rmemfs's CPU time
+    is about the two added, those two bound it. None where a number is missing."""
     mine, fabric, nullfs = (ok_rate(by, job, t) for t in ("rmemfs", "fabric", "nullfs"))
     cpu = {t: (by.get((job, t)) or {}).get("cpu_us_per_request")
            for t in ("rmemfs", "fabric", "nullfs")}
