@@ -112,9 +112,12 @@ mod tests {
     #[test]
     fn a_hung_program_fails_with_where_its_processes_wait_and_is_killed_with_them() {
         // A program that forks a child holding its output open, prints, and hangs.
+        // Its sleeps last a time no other process on the machine sleeps (this test
+        // process's id in the fraction), so the check below sees only its own.
+        let sleep = format!("sleep 300.{}", std::process::id());
         let hang = std::panic::catch_unwind(|| {
             let mut cmd = Command::new("sh");
-            cmd.args(["-c", "sleep 300 & echo started; sleep 300"]);
+            cmd.args(["-c", &format!("{sleep} & echo started; {sleep}")]);
             run_within_watching(
                 &mut cmd,
                 Duration::from_secs(2),
@@ -143,7 +146,7 @@ mod tests {
         }
         // The forked sleep went with the group: none of ours is left.
         let left = Command::new("pgrep")
-            .args(["-f", "^sleep 300$"])
+            .args(["-f", &format!("^{sleep}$")])
             .output()
             .expect("pgrep");
         assert!(
