@@ -4,7 +4,7 @@
 use crate::fabric::{Endpoint, FabricError};
 use crate::protocol::{
     valid_volume_name, Allocation, CopySpan, ErrorCode, NodeStats, ProtocolError, Request,
-    Response, MAX_TOKEN_LEN,
+    Response, SessionSecret, MAX_TOKEN_LEN,
 };
 use thiserror::Error;
 
@@ -81,6 +81,10 @@ pub struct Welcome {
     pub capacity: u64,
     /// `protocol::FEATURE_*` bits.
     pub features: u32,
+    /// The session's secret, for the Hello of every later connection of the session.
+    pub session: SessionSecret,
+    /// The session existed before this Hello (see `Response::Welcome`).
+    pub resumed: bool,
 }
 
 /// Sends one request and decodes the reply, turning error replies into `Refused`.
@@ -100,6 +104,16 @@ fn unexpected(request: &'static str, reply: Response) -> ControlError {
 }
 
 pub fn hello(ep: &dyn Endpoint, client_id: u64, token: &[u8]) -> Result<Welcome, ControlError> {
+    hello_in_session(ep, client_id, token, SessionSecret::NONE)
+}
+
+/// Hello as a connection of the session `session` (or a new one: `NONE`).
+pub fn hello_in_session(
+    ep: &dyn Endpoint,
+    client_id: u64,
+    token: &[u8],
+    session: SessionSecret,
+) -> Result<Welcome, ControlError> {
     if token.len() > MAX_TOKEN_LEN {
         // The frame cannot carry it; refuse rather than send a token cut short.
         return Err(ControlError::Protocol(ProtocolError::BadField("token")));
@@ -107,18 +121,32 @@ pub fn hello(ep: &dyn Endpoint, client_id: u64, token: &[u8]) -> Result<Welcome,
     let req = Request::Hello {
         client_id,
         token: token.to_vec(),
+        session,
     };
     match call(ep, &req)? {
         Response::Welcome {
             node_id,
             capacity,
             features,
+            session,
+            resumed,
         } => Ok(Welcome {
             node_id,
             capacity,
             features,
+            session,
+            resumed,
         }),
         other => Err(unexpected("Hello", other)),
+    }
+}
+
+/// Tells the memnode the session is done (a clean shutdown): its scratch memory goes
+/// back as soon as its last connection closes.
+pub fn session_end(ep: &dyn Endpoint) -> Result<(), ControlError> {
+    match call(ep, &Request::SessionEnd)? {
+        Response::SessionEnding => Ok(()),
+        other => Err(unexpected("SessionEnd", other)),
     }
 }
 

@@ -38,6 +38,35 @@ pub const MAX_COPY_BYTES: u64 = 16 << 20;
 /// `Copy` is served.
 pub const FEATURE_COPY: u32 = 1;
 
+/// The secret that binds a client's connections to its session on a memnode: handed
+/// out in the `Welcome` of the session's first Hello, presented in the Hello of every
+/// later connection (a reconnect resumes the session only with it). All zeros: no
+/// session yet. Its `Debug` never shows the bytes, so no log line carries it.
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct SessionSecret(pub [u8; SESSION_SECRET_LEN]);
+
+/// Bytes of a [`SessionSecret`].
+pub const SESSION_SECRET_LEN: usize = 16;
+
+impl SessionSecret {
+    /// No session: what a client's first Hello presents.
+    pub const NONE: SessionSecret = SessionSecret([0; SESSION_SECRET_LEN]);
+
+    pub fn is_none(&self) -> bool {
+        *self == SessionSecret::NONE
+    }
+}
+
+impl std::fmt::Debug for SessionSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.is_none() {
+            "SessionSecret(none)"
+        } else {
+            "SessionSecret(..)"
+        })
+    }
+}
+
 /// True for a volume name this protocol carries: 1..=[`MAX_VOLUME_NAME`] bytes of
 /// `[A-Za-z0-9._-]`, and not `.` or `..`. Anything else is refused at decode.
 pub fn valid_volume_name(name: &[u8]) -> bool {
@@ -74,7 +103,14 @@ pub enum ProtocolError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     /// First message on every connection: who the client is and its credentials.
-    Hello { client_id: u64, token: Vec<u8> },
+    /// `session` is the secret of the client's session, to resume it (or join it with
+    /// another connection), or [`SessionSecret::NONE`] to start one. A Hello without
+    /// the field (an older client) starts a session too.
+    Hello {
+        client_id: u64,
+        token: Vec<u8>,
+        session: SessionSecret,
+    },
     /// Allocate `bytes` of remote memory (rounded up to the memnode's page size).
     Alloc { bytes: u64 },
     /// Give back a whole allocation, named by its start address and rkey.
@@ -102,6 +138,10 @@ pub enum Request {
     /// [`MAX_COPY_SPANS`] spans and [`MAX_COPY_BYTES`] bytes; all are checked before
     /// any is copied. Only where `Welcome::features` has [`FEATURE_COPY`].
     Copy { spans: Vec<CopySpan> },
+    /// The client is done with its session (a clean shutdown): when its last
+    /// connection closes, its scratch memory is reclaimed at once instead of being
+    /// kept through the grace period for a reconnect.
+    SessionEnd,
 }
 
 /// One span of a `Copy`: `len` bytes from `src_addr` (under `src_rkey`) to `dst_addr`
@@ -121,10 +161,16 @@ pub enum Response {
     /// Hello accepted; `node_id` names the memnode, `capacity` is its region size,
     /// `features` what it serves beyond the first messages (`FEATURE_*`; an older
     /// memnode's Welcome has no such field, read as none).
+    /// `session` is the session's secret; `resumed` is true when the session existed
+    /// before this Hello (a reconnect found its memory, or another connection of the
+    /// same session), false when this Hello started it. An older memnode sends neither
+    /// (read as no secret, not resumed).
     Welcome {
         node_id: u64,
         capacity: u64,
         features: u32,
+        session: SessionSecret,
+        resumed: bool,
     },
     /// A new allocation, readable and writable with `rkey` by its owner only.
     Allocated(Allocation),
@@ -149,6 +195,8 @@ pub enum Response {
     VolumeDestroyed { bytes: u64 },
     /// Every span of a `Copy` was copied: `bytes` in all.
     Copied { bytes: u64 },
+    /// The session ends when its last connection closes.
+    SessionEnding,
     /// The request failed.
     Error { code: ErrorCode, message: String },
 }
@@ -281,6 +329,7 @@ const K_VOLUME_CLOSE: u16 = 0x0007;
 const K_VOLUME_LIST: u16 = 0x0008;
 const K_VOLUME_DESTROY: u16 = 0x0009;
 const K_COPY: u16 = 0x000a;
+const K_SESSION_END: u16 = 0x000b;
 const K_WELCOME: u16 = 0x8001;
 const K_ALLOCATED: u16 = 0x8002;
 const K_FREED: u16 = 0x8003;
@@ -291,6 +340,7 @@ const K_VOLUME_CLOSED: u16 = 0x8007;
 const K_VOLUME_LISTING: u16 = 0x8008;
 const K_VOLUME_DESTROYED: u16 = 0x8009;
 const K_COPIED: u16 = 0x800a;
+const K_SESSION_ENDING: u16 = 0x800b;
 
 // VolumeOpen's flag bits; any other bit set is a bad field.
 const OPEN_CREATE: u8 = 0x01;
@@ -414,6 +464,12 @@ impl<'a> Reader<'a> {
         Ok(name.to_vec())
     }
 
+    fn session(&mut self) -> Result<SessionSecret, ProtocolError> {
+        let mut s = SessionSecret::NONE;
+        s.0.copy_from_slice(self.take(SESSION_SECRET_LEN)?);
+        Ok(s)
+    }
+
     fn allocation(&mut self) -> Result<Allocation, ProtocolError> {
         Ok(Allocation {
             addr: self.u64()?,
@@ -458,9 +514,14 @@ impl Request {
     pub fn encode(&self) -> Vec<u8> {
         let mut body = Vec::new();
         let kind = match self {
-            Request::Hello { client_id, token } => {
+            Request::Hello {
+                client_id,
+                token,
+                session,
+            } => {
                 body.extend_from_slice(&client_id.to_le_bytes());
                 put_bytes(&mut body, &token[..token.len().min(MAX_TOKEN_LEN)]);
+                body.extend_from_slice(&session.0);
                 K_HELLO
             }
             Request::Alloc { bytes } => {
@@ -516,6 +577,7 @@ impl Request {
                 }
                 K_COPY
             }
+            Request::SessionEnd => K_SESSION_END,
         };
         frame(kind, &body)
     }
@@ -528,7 +590,14 @@ impl Request {
             K_HELLO => Request::Hello {
                 client_id: r.u64()?,
                 token: r.bytes(MAX_TOKEN_LEN, "token")?.to_vec(),
+                // An older client ends here.
+                session: if r.remaining() == 0 {
+                    SessionSecret::NONE
+                } else {
+                    r.session()?
+                },
             },
+            K_SESSION_END => Request::SessionEnd,
             K_ALLOC => Request::Alloc { bytes: r.u64()? },
             K_FREE => Request::Free {
                 addr: r.u64()?,
@@ -609,10 +678,14 @@ impl Response {
                 node_id,
                 capacity,
                 features,
+                session,
+                resumed,
             } => {
                 body.extend_from_slice(&node_id.to_le_bytes());
                 body.extend_from_slice(&capacity.to_le_bytes());
                 body.extend_from_slice(&features.to_le_bytes());
+                body.extend_from_slice(&session.0);
+                body.push(*resumed as u8);
                 K_WELCOME
             }
             Response::Allocated(a) => {
@@ -647,6 +720,7 @@ impl Response {
                 K_CHUNK_LIST
             }
             Response::VolumeClosed => K_VOLUME_CLOSED,
+            Response::SessionEnding => K_SESSION_ENDING,
             Response::VolumeListing { volumes, more } => {
                 // As for ChunkList: what does not fit is left for the next page.
                 let n = listing_fits(volumes);
@@ -692,7 +766,19 @@ impl Response {
                 capacity: r.u64()?,
                 // An older memnode ends here.
                 features: if r.remaining() == 0 { 0 } else { r.u32()? },
+                // And an older one still here.
+                session: if r.remaining() == 0 {
+                    SessionSecret::NONE
+                } else {
+                    r.session()?
+                },
+                resumed: if r.remaining() == 0 {
+                    false
+                } else {
+                    r.flag("resumed")?
+                },
             },
+            K_SESSION_ENDING => Response::SessionEnding,
             K_ALLOCATED => Response::Allocated(r.allocation()?),
             K_FREED => Response::Freed,
             K_STATS => Response::Stats(NodeStats {

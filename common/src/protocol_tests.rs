@@ -8,11 +8,14 @@ fn all_requests() -> Vec<Request> {
         Request::Hello {
             client_id: 0xdead_beef_0123_4567,
             token: b"secret".to_vec(),
+            session: SessionSecret([0x5a; SESSION_SECRET_LEN]),
         },
         Request::Hello {
             client_id: 0,
             token: vec![],
+            session: SessionSecret::NONE,
         },
+        Request::SessionEnd,
         Request::Alloc { bytes: 64 << 20 },
         Request::Free {
             addr: 1 << 40,
@@ -89,12 +92,17 @@ fn all_responses() -> Vec<Response> {
             node_id: 7,
             capacity: 4 << 30,
             features: FEATURE_COPY,
+            session: SessionSecret([0xa5; SESSION_SECRET_LEN]),
+            resumed: true,
         },
         Response::Welcome {
             node_id: 7,
             capacity: 4 << 30,
             features: 0,
+            session: SessionSecret::NONE,
+            resumed: false,
         },
+        Response::SessionEnding,
         Response::Copied { bytes: 1 << 24 },
         Response::Allocated(Allocation {
             addr: 4096,
@@ -577,7 +585,7 @@ proptest! {
 
     #[test]
     fn hello_round_trips(client_id in any::<u64>(), token in proptest::collection::vec(any::<u8>(), 0..MAX_TOKEN_LEN)) {
-        let req = Request::Hello { client_id, token };
+        let req = Request::Hello { client_id, token, session: SessionSecret::NONE };
         prop_assert_eq!(Request::decode(&req.encode()), Ok(req));
     }
 }
@@ -595,7 +603,9 @@ fn a_welcome_without_features_is_an_older_memnode_with_none() {
         Ok(Response::Welcome {
             node_id: 9,
             capacity: 1 << 30,
-            features: 0
+            features: 0,
+            session: SessionSecret::NONE,
+            resumed: false,
         })
     );
 }
@@ -637,4 +647,43 @@ fn a_copy_of_no_span_too_many_bytes_or_an_empty_span_is_refused() {
         Ok(Request::Copy { spans }) => assert_eq!(spans.len(), MAX_COPY_SPANS),
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn a_hello_without_a_session_is_an_older_client_starting_one() {
+    let new = Request::Hello {
+        client_id: 3,
+        token: b"t".to_vec(),
+        session: SessionSecret::NONE,
+    }
+    .encode();
+    // The older layout: the same frame without the 16 secret bytes.
+    let mut old = new[..new.len() - SESSION_SECRET_LEN].to_vec();
+    let body = (old.len() - HEADER_LEN) as u32;
+    old[4..8].copy_from_slice(&body.to_le_bytes());
+    assert_eq!(
+        Request::decode(&old),
+        Ok(Request::Hello {
+            client_id: 3,
+            token: b"t".to_vec(),
+            session: SessionSecret::NONE,
+        })
+    );
+    // A secret cut short is an error, not a shorter secret.
+    let mut cut = new[..new.len() - 1].to_vec();
+    cut[4..8].copy_from_slice(&(body + SESSION_SECRET_LEN as u32 - 1).to_le_bytes());
+    assert!(Request::decode(&cut).is_err());
+}
+
+#[test]
+fn a_session_secret_never_shows_in_debug_output() {
+    let secret = SessionSecret([0x42; SESSION_SECRET_LEN]);
+    let hello = Request::Hello {
+        client_id: 1,
+        token: vec![],
+        session: secret,
+    };
+    let shown = format!("{hello:?} {secret:?}");
+    assert!(!shown.contains("66"), "{shown}");
+    assert!(shown.contains("SessionSecret(..)"), "{shown}");
 }

@@ -9,10 +9,21 @@
 //! replies only. Every request of an authenticated connection counts as hearing from
 //! its client (the lease of a volume holder, see `volumes.rs`).
 //!
-//! Scratch memory: chunks of a client that holds no volume belong to its client id,
-//! not a connection, so one client (fsd) may spread its traffic over several
-//! connections. The service counts live connections per client id; when the last one
-//! closes, all of that client's scratch chunks are revoked, zeroed and freed.
+//! Sessions: a client's connections belong to its session, which the first Hello of
+//! a client id starts and answers with a random secret. Every later Hello naming that
+//! client id must present the secret: it joins the session (fsd's several
+//! connections) or resumes it (a reconnect after a network blip). A Hello that names
+//! a client id with a session but not its secret is refused, so knowing a client id
+//! (volume listings show holders) no longer lets one act as that client. The secret
+//! is never logged (`SessionSecret`'s `Debug` hides it).
+//!
+//! Scratch memory: chunks of a client that holds no volume belong to its session, not
+//! a connection. When the session's last connection closes, its memory is kept for
+//! the grace period (`MemnodeConfig::session_grace`) so that a client that was cut off
+//! finds every chunk when it reconnects; a session not resumed by then is reclaimed
+//! ([`ControlService::reap_expired`]): its scratch chunks revoked, zeroed and freed,
+//! its volume let go. A client that ends its session (`SessionEnd`, fsd's clean
+//! shutdown) is reclaimed as soon as its last connection closes.
 //!
 //! Volumes: a client that opens a volume becomes its holder and is bound to it: its
 //! Alloc books chunks to the volume and its Free frees volume chunks. The volume's
@@ -21,7 +32,7 @@
 //! volume over (fencing it). Only VolumeDestroy frees them. The bookkeeping and its
 //! rules are in `volumes.rs`; this module applies them to the pool.
 //!
-//! Lock order: `clients`, then `volumes`, then `heard`; the pool's locks and the
+//! Lock order: `clients` (the sessions), then `volumes`, then `heard`; the pool's locks and the
 //! registry (inside pool calls) come after any of them. `heard` is a leaf: nothing
 //! is called while it is held. Hello and the last-connection reclaim both run under
 //! `clients`, so a client reconnecting while it is being reclaimed never loses a
@@ -37,8 +48,8 @@ use crate::pool::{ChunkPool, PoolError};
 use crate::volumes::{Holder, OpenPlan, TakeoverReason, VolumeError, VolumeTable};
 use rmemfs_common::fabric::{ConnectionState, ControlHandler, ControlReply};
 use rmemfs_common::protocol::{
-    listing_fits, ErrorCode, NodeStats, ProtocolError, Request, Response, VolumeSummary,
-    FEATURE_COPY, MAX_CHUNKS_PER_REPLY, MAX_CONTROL_BODY,
+    listing_fits, ErrorCode, NodeStats, ProtocolError, Request, Response, SessionSecret,
+    VolumeSummary, FEATURE_COPY, MAX_CHUNKS_PER_REPLY, MAX_CONTROL_BODY,
 };
 use rmemfs_common::size::format_size;
 use std::collections::HashMap;
@@ -51,13 +62,39 @@ pub struct ControlService {
     node_id: u64,
     /// How long a volume holder stays live without being heard from.
     lease: Duration,
-    /// Live authenticated connections per client id (entries are never zero).
-    clients: Mutex<HashMap<u64, usize>>,
+    /// How long a session whose connections all closed keeps its memory.
+    grace: Duration,
+    /// The sessions, by client id: connected ones and those in their grace period.
+    clients: Mutex<HashMap<u64, Session>>,
     volumes: Mutex<VolumeTable>,
     /// When each connected client last sent a request.
     heard: Mutex<HashMap<u64, Instant>>,
     /// Requests served and refused (metrics).
     pub counters: ControlCounters,
+}
+
+/// What the memnode knows of one client between its connections.
+struct Session {
+    secret: SessionSecret,
+    /// Live authenticated connections.
+    connections: usize,
+    /// When the last connection closed (`None` while one is open): the grace period
+    /// runs from here.
+    idle_since: Option<Instant>,
+    /// The client said `SessionEnd`: no grace period.
+    ending: bool,
+}
+
+/// A new random session secret (never all zeros, which means "none").
+fn new_secret() -> Option<SessionSecret> {
+    let mut s = SessionSecret::NONE;
+    for _ in 0..4 {
+        getrandom::fill(&mut s.0).ok()?;
+        if !s.is_none() {
+            return Some(s);
+        }
+    }
+    None
 }
 
 /// A volume name for logs.
@@ -101,18 +138,21 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 impl ControlService {
     /// `token`: required in every Hello when set. `lease`: how long a volume holder
-    /// that sends nothing keeps its volume against other clients.
+    /// that sends nothing keeps its volume against other clients. `grace`: how long
+    /// a session whose connections all closed keeps its memory for a reconnect.
     pub fn new(
         pool: Arc<ChunkPool>,
         token: Option<Vec<u8>>,
         node_id: u64,
         lease: Duration,
+        grace: Duration,
     ) -> ControlService {
         ControlService {
             pool,
             token,
             node_id,
             lease,
+            grace,
             clients: Mutex::new(HashMap::new()),
             volumes: Mutex::new(VolumeTable::new()),
             heard: Mutex::new(HashMap::new()),
@@ -120,8 +160,8 @@ impl ControlService {
         }
     }
 
-    // Counts are updated in single statements, so poisoning is ignored.
-    fn clients(&self) -> MutexGuard<'_, HashMap<u64, usize>> {
+    // Sessions are updated in single statements, so poisoning is ignored.
+    fn clients(&self) -> MutexGuard<'_, HashMap<u64, Session>> {
         self.clients.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -147,7 +187,15 @@ impl ControlService {
 
     /// Authenticated connections open now.
     pub fn connections(&self) -> usize {
-        self.clients().values().sum()
+        self.clients().values().map(|s| s.connections).sum()
+    }
+
+    /// Sessions with no connection, kept through their grace period.
+    pub fn idle_sessions(&self) -> usize {
+        self.clients()
+            .values()
+            .filter(|s| s.connections == 0)
+            .count()
     }
 
     pub fn node_id(&self) -> u64 {
@@ -155,7 +203,11 @@ impl ControlService {
     }
 
     pub fn stats(&self) -> NodeStats {
-        let clients = self.clients().len();
+        let clients = self
+            .clients()
+            .values()
+            .filter(|s| s.connections > 0)
+            .count();
         let usage = self.pool.usage();
         NodeStats {
             capacity: usage.capacity,
@@ -165,7 +217,13 @@ impl ControlService {
         }
     }
 
-    fn hello(&self, conn: &mut ConnectionState, client_id: u64, token: &[u8]) -> Answer {
+    fn hello(
+        &self,
+        conn: &mut ConnectionState,
+        client_id: u64,
+        token: &[u8],
+        presented: SessionSecret,
+    ) -> Answer {
         if let Some(expected) = &self.token {
             if !constant_time_eq(expected, token) {
                 log::warn!(
@@ -176,11 +234,62 @@ impl ControlService {
                 return refuse_and_close(ErrorCode::AuthFailed, "wrong token".into());
             }
         }
-        {
+        let (session, resumed) = {
             let mut clients = self.clients();
-            *clients.entry(client_id).or_insert(0) += 1;
-            self.heard().insert(client_id, Instant::now());
-        }
+            match clients.get_mut(&client_id) {
+                Some(s) => {
+                    if !constant_time_eq(&s.secret.0, &presented.0) {
+                        log::warn!(
+                            "refusing {} (conn {}): client {client_id:#x} has a session and this Hello did not present its secret",
+                            conn.peer,
+                            conn.conn_id
+                        );
+                        return refuse_and_close(
+                            ErrorCode::AuthFailed,
+                            "this client id belongs to a session whose secret the Hello did not carry"
+                                .into(),
+                        );
+                    }
+                    s.connections += 1;
+                    if let Some(since) = s.idle_since.take() {
+                        self.counters
+                            .sessions_resumed
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        log::info!(
+                            "client {client_id:#x} resumed its session from {} after {:.1}s without a connection",
+                            conn.peer,
+                            since.elapsed().as_secs_f64()
+                        );
+                    }
+                    (s.secret, true)
+                }
+                None => {
+                    let Some(secret) = new_secret() else {
+                        log::error!("no randomness for a session secret");
+                        return refuse_and_close(
+                            ErrorCode::BadRequest,
+                            "the memnode cannot make a session secret now".into(),
+                        );
+                    };
+                    if !presented.is_none() {
+                        log::info!(
+                            "client {client_id:#x} asked to resume a session this memnode does not have (it expired, or this is a new memnode instance): a new session starts"
+                        );
+                    }
+                    clients.insert(
+                        client_id,
+                        Session {
+                            secret,
+                            connections: 1,
+                            idle_since: None,
+                            ending: false,
+                        },
+                    );
+                    (secret, false)
+                }
+            }
+        };
+        self.heard().insert(client_id, Instant::now());
         conn.client = Some(client_id);
         log::info!(
             "client {client_id:#x} connected from {} (conn {})",
@@ -191,6 +300,8 @@ impl ControlService {
             node_id: self.node_id,
             capacity: self.pool.capacity(),
             features: FEATURE_COPY,
+            session,
+            resumed,
         })
     }
 
@@ -239,6 +350,12 @@ impl ControlService {
                 Ok(bytes) => Response::Copied { bytes },
                 Err(e) => Response::error(pool_error_code(&e), e.to_string()),
             },
+            Request::SessionEnd => {
+                if let Some(s) = self.clients().get_mut(&client) {
+                    s.ending = true;
+                }
+                Response::SessionEnding
+            }
         }
     }
 
@@ -613,7 +730,14 @@ impl ControlService {
             }
         };
         match (conn.client, req) {
-            (None, Request::Hello { client_id, token }) => self.hello(conn, client_id, &token),
+            (
+                None,
+                Request::Hello {
+                    client_id,
+                    token,
+                    session,
+                },
+            ) => self.hello(conn, client_id, &token, session),
             (None, _) => refuse_and_close(
                 ErrorCode::NotAuthenticated,
                 "the first request on a connection must be Hello".into(),
@@ -625,42 +749,95 @@ impl ControlService {
         }
     }
 
-    /// A connection ended: the client's last one gives its scratch memory back.
+    /// A connection ended. The session's last one starts its grace period, or ends
+    /// the session at once when its client said `SessionEnd` (or there is no grace).
     fn disconnect(&self, conn: &ConnectionState) {
         let Some(client) = conn.client else { return };
-        let revoked = {
-            let mut clients = self.clients();
-            let count = clients.entry(client).or_insert(1);
-            *count -= 1;
-            if *count > 0 {
-                log::info!(
-                    "client {client:#x}: conn {} from {} closed",
-                    conn.conn_id,
-                    conn.peer
-                );
-                return;
-            }
-            clients.remove(&client);
-            let revoked = self.pool.revoke_all_of(client);
-            // The volume it held stays, unreachable until the next open.
-            if let Some((name, rkeys)) = self.volumes().client_gone(client) {
-                for rkey in &rkeys {
-                    self.pool.deregister(*rkey);
-                }
-                log::info!(
-                    "client {client:#x} gone: volume {} released ({} chunks kept)",
-                    show(&name),
-                    rkeys.len()
-                );
-            }
-            self.heard().remove(&client);
-            revoked
+        let mut clients = self.clients();
+        let Some(session) = clients.get_mut(&client) else {
+            return;
         };
-        let bytes = self.pool.release_revoked(&revoked);
+        session.connections = session.connections.saturating_sub(1);
+        if session.connections > 0 {
+            log::info!(
+                "client {client:#x}: conn {} from {} closed",
+                conn.conn_id,
+                conn.peer
+            );
+            return;
+        }
+        if !session.ending && !self.grace.is_zero() {
+            session.idle_since = Some(Instant::now());
+            log::info!(
+                "client {client:#x}: last conn {} from {} closed; its session and memory are kept {:.0}s for a reconnect",
+                conn.conn_id,
+                conn.peer,
+                self.grace.as_secs_f64()
+            );
+            return;
+        }
+        clients.remove(&client);
+        let revoked = self.end_session(client);
+        drop(clients);
+        let how = format!("last conn {} from {} closed", conn.conn_id, conn.peer);
+        self.reclaim(client, &revoked, &how);
+    }
+
+    /// Ends every session that has had no connection for longer than the grace
+    /// period; returns how many. The memnode calls it about once a second.
+    pub fn reap_expired(&self) -> usize {
+        let mut clients = self.clients();
+        let expired: Vec<u64> = clients
+            .iter()
+            .filter(|(_, s)| s.idle_since.is_some_and(|t| t.elapsed() >= self.grace))
+            .map(|(&c, _)| c)
+            .collect();
+        let mut ended = Vec::with_capacity(expired.len());
+        for &client in &expired {
+            clients.remove(&client);
+            self.counters
+                .sessions_expired
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            ended.push((client, self.end_session(client)));
+        }
+        drop(clients);
+        let how = format!(
+            "no reconnect within the {:.0}s grace period",
+            self.grace.as_secs_f64()
+        );
+        for (client, revoked) in &ended {
+            self.reclaim(*client, revoked, &how);
+        }
+        expired.len()
+    }
+
+    /// Takes back what the ended session of `client` held: its scratch chunks are
+    /// revoked (returned, for [`ControlService::reclaim`]), its volume let go (kept,
+    /// unreachable until the next open). The caller holds `clients` and has removed
+    /// the session, so a new session of the same client id never loses a chunk it
+    /// allocates anew.
+    fn end_session(&self, client: u64) -> Vec<crate::pool::Chunk> {
+        let revoked = self.pool.revoke_all_of(client);
+        if let Some((name, rkeys)) = self.volumes().client_gone(client) {
+            for rkey in &rkeys {
+                self.pool.deregister(*rkey);
+            }
+            log::info!(
+                "client {client:#x} gone: volume {} released ({} chunks kept)",
+                show(&name),
+                rkeys.len()
+            );
+        }
+        self.heard().remove(&client);
+        revoked
+    }
+
+    /// Zeroes and frees the revoked chunks of an ended session (outside `clients`:
+    /// zeroing takes time).
+    fn reclaim(&self, client: u64, revoked: &[crate::pool::Chunk], how: &str) {
+        let bytes = self.pool.release_revoked(revoked);
         log::info!(
-            "client {client:#x} gone (last conn {} from {}): reclaimed {} chunks, {}",
-            conn.conn_id,
-            conn.peer,
+            "client {client:#x} gone ({how}): reclaimed {} chunks, {}",
             revoked.len(),
             format_size(bytes)
         );

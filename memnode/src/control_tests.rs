@@ -5,6 +5,7 @@ use crate::region::{system_page_size, Region};
 use rmemfs_common::fabric::tcp::TcpRegistry;
 use rmemfs_common::fabric::AccessError;
 use rmemfs_common::protocol::{Allocation, VolumeInfo, HEADER_LEN};
+use std::sync::atomic::Ordering;
 
 const TOKEN: &[u8] = b"s3cret";
 
@@ -16,7 +17,15 @@ fn service(token: Option<&[u8]>) -> ControlService {
         token.map(<[u8]>::to_vec),
         0xfeed,
         Duration::from_secs(10),
+        Duration::ZERO,
     )
+}
+
+/// A service that keeps an idle session's memory for `grace`.
+fn service_with_grace(grace: Duration) -> ControlService {
+    let region = Arc::new(Region::reserve(16 * system_page_size(), false).expect("reserve"));
+    let pool = Arc::new(ChunkPool::new(region, Arc::new(TcpRegistry::new())));
+    ControlService::new(pool, None, 0xfeed, Duration::from_secs(10), grace)
 }
 
 /// A service over `pages` pages with a lease of `lease`, and its registry (the NIC)
@@ -25,7 +34,10 @@ fn service_with(pages: u64, lease: Duration) -> (ControlService, Arc<TcpRegistry
     let region = Arc::new(Region::reserve(pages * system_page_size(), false).expect("reserve"));
     let nic = Arc::new(TcpRegistry::new());
     let pool = Arc::new(ChunkPool::new(region, nic.clone()));
-    (ControlService::new(pool, None, 0xfeed, lease), nic)
+    (
+        ControlService::new(pool, None, 0xfeed, lease, Duration::ZERO),
+        nic,
+    )
 }
 
 fn conn(id: u64) -> ConnectionState {
@@ -48,10 +60,32 @@ fn send_raw(s: &ControlService, c: &mut ConnectionState, frame: &[u8]) -> (Respo
 }
 
 fn hello(id: u64, token: &[u8]) -> Request {
+    hello_in(id, token, SessionSecret::NONE)
+}
+
+fn hello_in(id: u64, token: &[u8], session: SessionSecret) -> Request {
     Request::Hello {
         client_id: id,
         token: token.to_vec(),
+        session,
     }
+}
+
+/// The session secret and `resumed` of a Welcome.
+fn welcomed(resp: &Response) -> (SessionSecret, bool) {
+    match resp {
+        Response::Welcome {
+            session, resumed, ..
+        } => (*session, *resumed),
+        other => panic!("expected Welcome, got {other:?}"),
+    }
+}
+
+/// Hello on `c` as `id`, joining the session `of` (the Welcome of its first Hello).
+fn join(s: &ControlService, c: &mut ConnectionState, id: u64, of: &Response) -> Response {
+    let (resp, close) = ask(s, c, &hello_in(id, b"", welcomed(of).0));
+    assert!(!close, "joining the session was refused: {resp:?}");
+    resp
 }
 
 fn code(resp: &Response) -> Option<ErrorCode> {
@@ -114,6 +148,8 @@ fn hello_is_checked_against_the_token() {
             node_id: 0xfeed,
             capacity: 16 * system_page_size(),
             features: rmemfs_common::protocol::FEATURE_COPY,
+            session: welcomed(&resp).0,
+            resumed: false,
         }
     );
     assert!(!close);
@@ -291,8 +327,8 @@ fn another_client_cannot_free_a_chunk() {
 fn chunks_are_reclaimed_when_the_clients_last_connection_closes() {
     let s = service(None);
     let (mut a1, mut a2, mut b) = (conn(1), conn(2), conn(3));
-    ask(&s, &mut a1, &hello(1, b""));
-    ask(&s, &mut a2, &hello(1, b""));
+    let (first, _) = ask(&s, &mut a1, &hello(1, b""));
+    join(&s, &mut a2, 1, &first);
     ask(&s, &mut b, &hello(2, b""));
     ask(&s, &mut a1, &Request::Alloc { bytes: 1 });
     ask(&s, &mut a2, &Request::Alloc { bytes: 1 });
@@ -435,4 +471,110 @@ fn requests_and_refusals_show_in_the_metrics() {
             "no line {line:?} in:\n{out}"
         );
     }
+}
+
+#[test]
+fn a_second_connection_joins_a_session_only_with_its_secret() {
+    let s = service_with_grace(Duration::from_secs(60));
+    let mut a = conn(1);
+    let (first, _) = ask(&s, &mut a, &hello(1, b""));
+    let (secret, resumed) = welcomed(&first);
+    assert!(!secret.is_none(), "a new session gets a secret");
+    assert!(!resumed, "a new session is not a resumed one");
+    // Knowing the client id is not enough: no secret, or a wrong one, is refused.
+    for wrong in [SessionSecret::NONE, SessionSecret([7; 16])] {
+        let mut intruder = conn(2);
+        let (resp, close) = ask(&s, &mut intruder, &hello_in(1, b"", wrong));
+        assert_eq!(code(&resp), Some(ErrorCode::AuthFailed), "{resp:?}");
+        assert!(close, "a refused Hello closes the connection");
+        assert_eq!(intruder.client, None);
+        let Response::Error { message, .. } = &resp else {
+            unreachable!()
+        };
+        assert!(
+            !message.as_bytes().windows(16).any(|w| w == secret.0),
+            "the error never shows the secret"
+        );
+    }
+    let mut a2 = conn(3);
+    let resp = join(&s, &mut a2, 1, &first);
+    assert_eq!(welcomed(&resp), (secret, true));
+    assert!(
+        !format!("{resp:?} {:?}", hello_in(1, b"", secret)).contains(&format!("{:?}", secret.0)),
+        "Debug output never shows the secret"
+    );
+}
+
+#[test]
+fn an_idle_session_keeps_its_memory_through_the_grace_period_and_resumes() {
+    let s = service_with_grace(Duration::from_secs(60));
+    let mut a = conn(1);
+    let (first, _) = ask(&s, &mut a, &hello(1, b""));
+    let (resp, _) = ask(&s, &mut a, &Request::Alloc { bytes: 1 });
+    let Response::Allocated(chunk) = resp else {
+        panic!("alloc: {resp:?}")
+    };
+    s.disconnected(&a);
+    assert_eq!(s.idle_sessions(), 1);
+    assert_eq!(
+        s.stats().allocations,
+        1,
+        "the chunk outlives the connection"
+    );
+    assert_eq!(s.stats().clients, 0, "no client is connected");
+    assert_eq!(s.reap_expired(), 0, "the grace period has not run out");
+    let mut back = conn(2);
+    let resp = join(&s, &mut back, 1, &first);
+    assert!(welcomed(&resp).1, "the reconnect resumed the session");
+    assert_eq!(s.idle_sessions(), 0);
+    assert_eq!(s.counters.sessions_resumed.load(Ordering::Relaxed), 1);
+    // The chunk is still the client's: it frees it.
+    let (resp, _) = ask(
+        &s,
+        &mut back,
+        &Request::Free {
+            addr: chunk.addr,
+            rkey: chunk.rkey,
+        },
+    );
+    assert_eq!(resp, Response::Freed);
+}
+
+#[test]
+fn a_session_not_resumed_within_its_grace_is_reclaimed_and_a_late_resume_starts_anew() {
+    let s = service_with_grace(Duration::from_millis(50));
+    let mut a = conn(1);
+    let (first, _) = ask(&s, &mut a, &hello(1, b""));
+    ask(&s, &mut a, &Request::Alloc { bytes: 1 });
+    s.disconnected(&a);
+    std::thread::sleep(Duration::from_millis(80));
+    assert_eq!(s.reap_expired(), 1);
+    assert_eq!(
+        s.stats().allocations,
+        0,
+        "the expired session's chunk is freed"
+    );
+    assert_eq!(s.counters.sessions_expired.load(Ordering::Relaxed), 1);
+    // The old secret now starts a new, empty session: the client learns its memory
+    // is gone from `resumed`.
+    let mut late = conn(2);
+    let (resp, close) = ask(&s, &mut late, &hello_in(1, b"", welcomed(&first).0));
+    assert!(!close);
+    let (secret, resumed) = welcomed(&resp);
+    assert!(!resumed, "nothing was there to resume");
+    assert_ne!(secret, welcomed(&first).0, "a new session has a new secret");
+}
+
+#[test]
+fn a_session_that_ended_is_reclaimed_when_its_last_connection_closes() {
+    let s = service_with_grace(Duration::from_secs(60));
+    let mut a = conn(1);
+    ask(&s, &mut a, &hello(1, b""));
+    ask(&s, &mut a, &Request::Alloc { bytes: 1 });
+    let (resp, _) = ask(&s, &mut a, &Request::SessionEnd);
+    assert_eq!(resp, Response::SessionEnding);
+    assert_eq!(s.stats().allocations, 1, "ending waits for the connections");
+    s.disconnected(&a);
+    assert_eq!(s.stats().allocations, 0, "no grace for an ended session");
+    assert_eq!(s.idle_sessions(), 0);
 }

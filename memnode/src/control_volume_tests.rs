@@ -12,11 +12,25 @@ fn open_req(name: &str, create: bool, takeover: bool) -> Request {
     }
 }
 
-/// A connection `conn_id` that said Hello as `client`.
+thread_local! {
+    /// The session secret of each (service, client) this test's connections said
+    /// Hello as, so a client's later connections join its session.
+    static SESSIONS: std::cell::RefCell<HashMap<(usize, u64), SessionSecret>> =
+        std::cell::RefCell::new(HashMap::new());
+}
+
+/// A connection `conn_id` that said Hello as `client` (in the client's session).
 fn client(s: &ControlService, conn_id: u64, client: u64) -> ConnectionState {
+    let key = (s as *const ControlService as usize, client);
+    let known = SESSIONS.with(|m| m.borrow().get(&key).copied());
     let mut c = conn(conn_id);
-    let (resp, _) = ask(s, &mut c, &hello(client, b""));
-    assert!(matches!(resp, Response::Welcome { .. }), "Hello: {resp:?}");
+    let (resp, _) = ask(
+        s,
+        &mut c,
+        &hello_in(client, b"", known.unwrap_or(SessionSecret::NONE)),
+    );
+    let (secret, _) = welcomed(&resp);
+    SESSIONS.with(|m| m.borrow_mut().insert(key, secret));
     c
 }
 

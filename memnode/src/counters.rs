@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The `request` label values, in [`ControlCounters::requests`]' order; `malformed`
 /// counts frames that did not decode.
-pub const REQUEST_KINDS: [&str; 11] = [
+pub const REQUEST_KINDS: [&str; 12] = [
     "hello",
     "alloc",
     "free",
@@ -20,6 +20,7 @@ pub const REQUEST_KINDS: [&str; 11] = [
     "volume_destroy",
     "malformed",
     "copy",
+    "session_end",
 ];
 
 /// The `reason` label values, in [`ControlCounters::refusals`]' order; `other` is a
@@ -40,6 +41,12 @@ pub const REFUSAL_REASONS: [&str; 9] = [
 pub struct ControlCounters {
     requests: [AtomicU64; REQUEST_KINDS.len()],
     refusals: [AtomicU64; REFUSAL_REASONS.len()],
+    /// Hellos that resumed a session whose connections had all closed (a client back
+    /// after a network blip or a stall, within the grace period).
+    pub sessions_resumed: AtomicU64,
+    /// Sessions whose client did not come back within the grace period: their
+    /// scratch memory was reclaimed.
+    pub sessions_expired: AtomicU64,
 }
 
 fn kind_index(req: Option<&Request>) -> usize {
@@ -55,6 +62,7 @@ fn kind_index(req: Option<&Request>) -> usize {
         Some(Request::VolumeDestroy { .. }) => 8,
         None => 9,
         Some(Request::Copy { .. }) => 10,
+        Some(Request::SessionEnd) => 11,
     }
 }
 

@@ -29,6 +29,7 @@ mod control;
 mod counters;
 mod metrics;
 mod pool;
+mod reaper;
 mod region;
 mod volumes;
 
@@ -45,6 +46,12 @@ use thiserror::Error;
 
 /// The default [`MemnodeConfig::lease`] (the `memnode` binary's `--lease-secs`).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+
+/// The default [`MemnodeConfig::session_grace`] (the `memnode` binary's
+/// `--session-grace`): 15 minutes, longer than fsd's default dead time (10 minutes,
+/// Ceph's `mon_osd_down_out_interval`), so an fsd that still counts on its copies
+/// never finds them reclaimed; a client that died for good holds its memory that long.
+pub const DEFAULT_SESSION_GRACE: Duration = Duration::from_secs(900);
 
 /// How to start a memnode.
 #[derive(Debug, Clone)]
@@ -66,6 +73,11 @@ pub struct MemnodeConfig {
     /// request (fsd's heartbeat is a Stat a second). After that another client's
     /// open takes the volume over and fences the holder. [`DEFAULT_LEASE`] is 10 s.
     pub lease: Duration,
+    /// How long a client's session (its scratch memory, its hold on a volume) is kept
+    /// after its last connection closed, for the client to reconnect and resume it
+    /// (a network blip is not a departure). Zero: reclaimed at once.
+    /// [`DEFAULT_SESSION_GRACE`] is 15 minutes.
+    pub session_grace: Duration,
 }
 
 /// Why a memnode could not start.
@@ -97,6 +109,7 @@ pub struct Memnode {
     control: Arc<control::ControlService>,
     transport: Transport,
     transport_choice: String,
+    reaper: Option<reaper::Reaper>,
 }
 
 impl std::fmt::Debug for Memnode {
@@ -138,7 +151,9 @@ impl Memnode {
             token.clone(),
             node_id,
             cfg.lease,
+            cfg.session_grace,
         ));
+        let reaper = reaper::Reaper::start(control.clone()).map_err(MemnodeError::Serve)?;
         let server = listener
             .serve(control.clone())
             .map_err(MemnodeError::Serve)?;
@@ -159,6 +174,7 @@ impl Memnode {
             control,
             transport,
             transport_choice,
+            reaper: Some(reaper),
         })
     }
 
@@ -194,9 +210,15 @@ impl Memnode {
         }
     }
 
+    /// Sessions kept through their grace period, with no connection now.
+    pub fn idle_sessions(&self) -> usize {
+        self.control.idle_sessions()
+    }
+
     /// Stops accepting and closes every connection. Idempotent.
     pub fn shutdown(&mut self) {
         self.server.shutdown();
+        self.reaper.take();
     }
 }
 

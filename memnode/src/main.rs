@@ -74,6 +74,15 @@ struct Cli {
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     lease_secs: u64,
 
+    /// Seconds a client's session keeps its memory after its last connection closed,
+    /// so that a client cut off by a network blip or a stall finds every chunk when it
+    /// reconnects; a session not resumed by then is reclaimed. A client that shuts
+    /// down cleanly gives its memory back at once. 0: reclaim at once (the behaviour
+    /// before sessions).
+    #[arg(long, value_name = "SECS", default_value_t = memnode::DEFAULT_SESSION_GRACE.as_secs(),
+          value_parser = clap::value_parser!(u64).range(0..=7 * 86400))]
+    session_grace: u64,
+
     /// Serve Prometheus metrics over HTTP on this address (GET /metrics; port 0
     /// picks a free port, printed on stdout). Off by default.
     #[arg(long, value_name = "HOST:PORT")]
@@ -119,6 +128,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         transport: cli.transport,
         poll: std::time::Duration::from_micros(cli.poll_us),
         lease: std::time::Duration::from_secs(cli.lease_secs),
+        session_grace: std::time::Duration::from_secs(cli.session_grace),
     })
     .with_context(|| format!("starting memnode on {}", cli.listen))?;
     let metrics = match &cli.metrics {

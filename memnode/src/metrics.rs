@@ -64,6 +64,31 @@ impl Collector for MemnodeCollector {
             None,
             c.connections() as u64,
         )?;
+        family::gauge(
+            &mut enc,
+            "memnode_sessions_idle",
+            "Client sessions with no connection, kept through their grace period for a reconnect.",
+            None,
+            c.idle_sessions() as u64,
+        )?;
+        family::counter(
+            &mut enc,
+            "memnode_sessions_resumed",
+            "Sessions resumed by a reconnecting client after all their connections had closed.",
+            None,
+            c.counters
+                .sessions_resumed
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )?;
+        family::counter(
+            &mut enc,
+            "memnode_sessions_expired",
+            "Sessions whose client did not come back within the grace period (memory reclaimed).",
+            None,
+            c.counters
+                .sessions_expired
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )?;
         let volumes = c.volumes_summary();
         family::gauge(
             &mut enc,

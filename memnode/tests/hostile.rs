@@ -333,9 +333,12 @@ fn malformed_volume_frames_close_only_their_connection() {
     let chunk = alloc(&holder, 1 << 20);
     let data = pattern(3, 4096);
     write_at(&holder, remote(&chunk, 0), &data).expect("the holder writes");
-    for (what, frame) in malformed_volume_frames() {
+    for (k, (what, frame)) in malformed_volume_frames().into_iter().enumerate() {
         // Anonymous, as a stranger, and as another connection of the holder itself.
-        for hello_as in [None, Some(2u64), Some(1u64)] {
+        // (A stranger of its own id each time: the last one's session may not have
+        // ended yet.)
+        let stranger = 1000 + k as u64;
+        for hello_as in [None, Some(stranger), Some(1u64)] {
             let mut s = raw(addr);
             if let Some(id) = hello_as {
                 send_control(
@@ -343,6 +346,7 @@ fn malformed_volume_frames_close_only_their_connection() {
                     &Request::Hello {
                         client_id: id,
                         token: vec![],
+                        session: session_of(&node, id),
                     }
                     .encode(),
                 );

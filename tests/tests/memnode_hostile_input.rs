@@ -146,6 +146,7 @@ fn hello_frame() -> Vec<u8> {
     Request::Hello {
         client_id: 0x0bad_c0de,
         token: Vec::new(),
+        session: rmemfs_common::protocol::SessionSecret::NONE,
     }
     .encode()
 }

@@ -65,6 +65,21 @@ pub enum RdmaOp<'a> {
 }
 
 impl RdmaOp<'_> {
+    /// The same operation on the same buffer, borrowed for a shorter time (to post it
+    /// again after a failed attempt).
+    pub fn reborrow(&mut self) -> RdmaOp<'_> {
+        match self {
+            RdmaOp::Read { local, remote } => RdmaOp::Read {
+                local,
+                remote: *remote,
+            },
+            RdmaOp::Write { local, remote } => RdmaOp::Write {
+                local,
+                remote: *remote,
+            },
+        }
+    }
+
     pub fn len(&self) -> usize {
         match self {
             RdmaOp::Read { local, .. } => local.len(),

@@ -7,7 +7,8 @@ use memnode::{Memnode, MemnodeConfig};
 use rmemfs_common::control;
 use rmemfs_common::fabric::tcp::TcpEndpoint;
 use rmemfs_common::fabric::{Endpoint, FabricError, RdmaOp, RemoteAddr, Transport};
-use rmemfs_common::protocol::Allocation;
+use rmemfs_common::protocol::{Allocation, SessionSecret};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// Bound on every fabric operation and every wait in these tests.
@@ -34,6 +35,9 @@ fn start_with(size: u64, token: Option<&[u8]>, lease: Duration) -> Memnode {
         transport: Transport::Tcp,
         poll: std::time::Duration::ZERO,
         lease,
+        // Reclaimed at once, as the tests of reclaim expect; the session tests
+        // (sessions.rs) set their own.
+        session_grace: Duration::ZERO,
     })
     .expect("a memnode on 127.0.0.1:0 starts")
 }
@@ -43,10 +47,31 @@ pub fn connect(node: &Memnode) -> TcpEndpoint {
     TcpEndpoint::connect(&node.local_addr().to_string(), TIMEOUT).expect("connects to the memnode")
 }
 
-/// A connection that said Hello as `client_id`.
+type Sessions = Option<HashMap<(String, u64), SessionSecret>>;
+
+fn lock_sessions() -> std::sync::MutexGuard<'static, Sessions> {
+    static SESSIONS: std::sync::Mutex<Sessions> = std::sync::Mutex::new(None);
+    SESSIONS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The secret of the session [`client`] started as `client_id` on `node` (none yet:
+/// `NONE`).
+pub fn session_of(node: &Memnode, client_id: u64) -> SessionSecret {
+    lock_sessions()
+        .as_ref()
+        .and_then(|m| m.get(&(node.local_addr().to_string(), client_id)).copied())
+        .unwrap_or_default()
+}
+
+/// A connection that said Hello as `client_id`, in that client's session on `node`
+/// (its first Hello starts one; later connections present its secret and join it).
 pub fn client(node: &Memnode, client_id: u64) -> TcpEndpoint {
     let ep = connect(node);
-    control::hello(&ep, client_id, b"").expect("Hello is welcome");
+    let known = session_of(node, client_id);
+    let w = control::hello_in_session(&ep, client_id, b"", known).expect("Hello is welcome");
+    lock_sessions()
+        .get_or_insert_with(Default::default)
+        .insert((node.local_addr().to_string(), client_id), w.session);
     ep
 }
 
