@@ -43,8 +43,10 @@ const PREFETCH_THREADS: usize = 3;
 /// `--poll-us` default.
 /// How long opening a volume waits for another client to let go of it: an fsd that
 /// is unmounting it still holds it for a moment after umount(8) returns (FUSE
-/// unmounts without waiting for the daemon), so `umount && mount` must not fail.
-const VOLUME_BUSY_PATIENCE: Duration = Duration::from_secs(10);
+/// unmounts without waiting for the daemon), so `umount && mount` must not fail; and
+/// an fsd that crashed holds it until its lease runs out (10 s by default: the
+/// memnode cannot tell a crash from a network blip), so a restart must not fail.
+const VOLUME_BUSY_PATIENCE: Duration = Duration::from_secs(20);
 const DEFAULT_POLL_US: u64 = fabric::DEFAULT_POLL.as_micros() as u64;
 
 fn size_arg(s: &str) -> Result<u64, String> {
@@ -92,9 +94,22 @@ pub struct Options {
     #[arg(long, value_name = "PATH", conflicts_with = "token",
           value_parser = rmemfs_common::token::read_token_file)]
     pub token_file: Option<String>,
-    /// Seconds a remote operation may take before it fails with EIO.
+    /// Seconds a remote operation (or a heartbeat) may take before its memnode
+    /// counts as unreachable: its copies are kept, fsd reconnects and resumes.
     #[arg(long, default_value_t = 5.0)]
     pub op_timeout: f64,
+    /// Seconds a memnode may stay unreachable before its copies count as lost (and
+    /// are re-made from other copies, or read as EIO where there are none). A
+    /// memnode that answers as a new instance is lost at once. Default 600, as
+    /// Ceph's mon_osd_down_out_interval: a reboot or a network repair fits in it.
+    #[arg(long, value_name = "SECS", default_value_t = 600.0)]
+    pub dead_time: f64,
+    /// Seconds an operation that needs an unreachable memnode (no other copy in
+    /// reach) waits for it before failing with EIO: a soft mount. Unset (the
+    /// default), it waits until the memnode is back or lost (a hard mount, as NFS's
+    /// default): right for swap and scratch, where an EIO kills the program.
+    #[arg(long, value_name = "SECS")]
+    pub unreachable_timeout: Option<f64>,
     /// FUSE request loops of the classic transport (/dev/fuse) running at once.
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
@@ -208,6 +223,14 @@ impl Options {
         if !(self.op_timeout > 0.0 && self.op_timeout <= 3600.0) {
             bail!("--op-timeout must be between 0 and 3600 seconds");
         }
+        if !(self.dead_time > 0.0 && self.dead_time <= 7.0 * 86400.0) {
+            bail!("--dead-time must be between 0 and 604800 seconds (7 days)");
+        }
+        if let Some(t) = self.unreachable_timeout {
+            if !(t > 0.0 && t <= self.dead_time) {
+                bail!("--unreachable-timeout must be more than 0 and at most --dead-time");
+            }
+        }
         if !(self.flush_interval > 0.0 && self.flush_interval <= 3600.0) {
             bail!("--flush-interval must be between 0 and 3600 seconds");
         }
@@ -315,6 +338,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             transport,
             poll,
             lease: memnode::DEFAULT_LEASE,
+            session_grace: memnode::DEFAULT_SESSION_GRACE,
         })
         .context("starting the embedded memnode")?;
         if let Some(v) = &opts.volume {
@@ -357,6 +381,8 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         token,
         replicas: opts.replicas,
         watch_interval: WATCH_INTERVAL,
+        dead_time: Duration::from_secs_f64(opts.dead_time),
+        unreachable_timeout: opts.unreachable_timeout.map(Duration::from_secs_f64),
         volume: opts.volume.as_ref().map(|name| VolumeSpec {
             name: name.clone(),
             create: true,

@@ -1062,8 +1062,12 @@ impl RmemFs {
                     Err(e) => log::error!("volume {}: last checkpoint failed: {e}", v.name()),
                 }
                 self.remote.close_volume();
+                self.remote.end_sessions();
             }
-            None => self.remote.release_all(),
+            None => {
+                self.remote.release_all();
+                self.remote.end_sessions();
+            }
         }
     }
 }

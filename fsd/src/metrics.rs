@@ -290,6 +290,11 @@ impl Collector for FsdCollector {
                 rd.degraded,
             ),
             ("rmemfs_blocks_lost", "Blocks with no copy left.", rd.lost),
+            (
+                "rmemfs_blocks_unreachable",
+                "Blocks whose every copy is on an unreachable memnode (kept; readable again when it is back).",
+                rd.unreachable,
+            ),
         ] {
             family::gauge(e, name, help, None, v)?;
         }

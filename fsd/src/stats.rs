@@ -72,6 +72,14 @@ pub struct Snapshot {
     /// FUSE requests answered through the io_uring transport (0 when /dev/fuse
     /// serves the mount).
     pub fuse_ring_requests: u64,
+    /// Remote operations that waited for an unreachable memnode and were sent again.
+    pub remote_ops_retried: u64,
+    /// Times a memnode became unreachable, times a reconnect resumed its session
+    /// with every copy, and times a memnode's copies were declared lost (all
+    /// memnodes together).
+    pub memnode_unreachable_events: u64,
+    pub memnode_sessions_resumed: u64,
+    pub memnode_losses: u64,
     /// Per memnode, in command-line order.
     #[serde(skip)]
     pub node_up: Vec<bool>,
@@ -90,7 +98,8 @@ pub struct StatsRecord<'a> {
     derived: Derived<'a>,
 }
 
-/// `nodes_up`, `nodes_down`, `blocks`, `blocks_degraded`, `blocks_lost`, and per
+/// `nodes_up`, `nodes_down`, `blocks`, `blocks_degraded`, `blocks_lost`,
+/// `blocks_unreachable` (every copy on an unreachable memnode), and per
 /// memnode `i` `node{i}_up` (1 or 0) and `node{i}_blocks` (copies it holds).
 struct Derived<'a>(&'a Snapshot);
 
@@ -99,12 +108,13 @@ impl Serialize for Derived<'_> {
         let snap = self.0;
         let up = snap.node_up.iter().filter(|&&u| u).count() as u64;
         let rd = &snap.redundancy;
-        let mut map = s.serialize_map(Some(5 + 2 * snap.node_up.len()))?;
+        let mut map = s.serialize_map(Some(6 + 2 * snap.node_up.len()))?;
         map.serialize_entry("nodes_up", &up)?;
         map.serialize_entry("nodes_down", &(snap.node_up.len() as u64 - up))?;
         map.serialize_entry("blocks", &rd.blocks)?;
         map.serialize_entry("blocks_degraded", &rd.degraded)?;
         map.serialize_entry("blocks_lost", &rd.lost)?;
+        map.serialize_entry("blocks_unreachable", &rd.unreachable)?;
         for (i, &u) in snap.node_up.iter().enumerate() {
             map.serialize_entry(&format!("node{i}_up"), &(u as u64))?;
             let copies = rd.per_node.get(i).copied().unwrap_or(0);
@@ -112,6 +122,15 @@ impl Serialize for Derived<'_> {
         }
         map.end()
     }
+}
+
+/// A sum over the memnodes of one of their event counts.
+fn node_events(fs: &RmemFs, pick: impl Fn((u64, u64, u64)) -> u64) -> u64 {
+    let remote = fs.remote();
+    (0..remote.node_count())
+        .filter_map(|i| remote.node_events(i))
+        .map(pick)
+        .sum()
 }
 
 impl Snapshot {
@@ -159,6 +178,10 @@ impl Snapshot {
             scrub_unsettled_pages: get(&fs.scrub_counters.unsettled_pages),
             replicas: fs.remote().replicas() as u64,
             fuse_ring_requests: get(&crate::fuse::ring::RING_REQUESTS),
+            remote_ops_retried: get(&r.ops_retried),
+            memnode_unreachable_events: node_events(fs, |e| e.0),
+            memnode_sessions_resumed: node_events(fs, |e| e.1),
+            memnode_losses: node_events(fs, |e| e.2),
             node_up: (0..fs.remote().node_count())
                 .map(|i| fs.remote().node_is_up(i))
                 .collect(),
@@ -220,6 +243,7 @@ mod tests {
                 blocks: 10,
                 degraded: 4,
                 lost: 1,
+                unreachable: 0,
                 per_node: vec![9, 0],
             },
             ..Snapshot::default()
@@ -267,7 +291,7 @@ mod tests {
 
     /// The keys of the stats object before it was written with serde, in their order
     /// then.
-    const KEYS: [&str; 43] = [
+    const KEYS: [&str; 48] = [
         "file_reads",
         "file_read_bytes",
         "file_writes",
@@ -311,6 +335,11 @@ mod tests {
         "scrub_bad_pages",
         "scrub_adopted_pages",
         "scrub_unsettled_pages",
+        "remote_ops_retried",
+        "memnode_unreachable_events",
+        "memnode_sessions_resumed",
+        "memnode_losses",
+        "blocks_unreachable",
     ];
 
     #[test]

@@ -40,6 +40,10 @@ pub struct MemnodeEntry {
     pub used: Option<u64>,
     /// Of that, this fsd's chunks that hold no block yet.
     pub held_free: Option<u64>,
+    /// While it is unreachable (its copies kept, fsd reconnecting): for how many
+    /// seconds. Absent while up, and from an older fsd.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreachable_secs: Option<u64>,
 }
 
 /// What a running fsd tells `rmemfs status`.
@@ -89,6 +93,12 @@ impl StatusFile {
                     capacity: usage.map(|u| u.capacity),
                     used: usage.map(|u| u.used),
                     held_free: usage.map(|u| u.held_free),
+                    unreachable_secs: match remote.node_state(i) {
+                        Some(crate::remote::NodeState::Unreachable { for_, .. }) => {
+                            Some(for_.as_secs())
+                        }
+                        _ => None,
+                    },
                 }
             })
             .collect();
@@ -248,6 +258,7 @@ mod tests {
                     capacity: Some(4 << 30),
                     used: Some(1 << 30),
                     held_free: Some(1 << 20),
+                    unreachable_secs: None,
                 },
                 MemnodeEntry {
                     name: "10.0.0.3:7070".into(),
@@ -256,6 +267,7 @@ mod tests {
                     capacity: Some(4 << 30),
                     used: Some(1 << 30),
                     held_free: Some(0),
+                    unreachable_secs: None,
                 },
             ],
             counters,

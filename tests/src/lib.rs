@@ -17,6 +17,10 @@
 //!   that fsd exits 0. Its `Drop` detaches the mount and kills fsd, so a failing test
 //!   never leaves a mount behind. `FsdMount::refused` runs fsd with arguments it must
 //!   reject before mounting.
+//! - [`fault_proxy`] is a TCP proxy to put between fsd and a memnode (fsd gets its
+//!   address as `--memnode`) that makes transient network faults happen on demand,
+//!   reproducibly: every connection reset at once, a stall, a black hole, a refused
+//!   port.
 //! - [`helper`] installs rmemfs with `scripts/install` and mounts it through mount(8)
 //!   and the `mount.fuse.rmemfs` helper ([`HelperMount`]), as an administrator does.
 //! - [`swap`] sets up swap on a mount (`scripts/swap`), a memory cgroup to push a
@@ -47,6 +51,7 @@ pub mod binaries;
 pub mod command;
 pub mod data;
 pub mod exposition;
+pub mod fault_proxy;
 pub mod fileset;
 pub mod fsd;
 pub mod helper;

@@ -30,6 +30,9 @@ pub struct MemnodeProc {
     metrics: Option<String>,
 }
 
+/// The memnodes' `--session-grace` unless a test gives its own, in seconds.
+pub const TEST_SESSION_GRACE: &str = "3";
+
 impl MemnodeProc {
     /// `memnode --transport T --listen HOST:0 --size SIZE` (SIZE like `64M`), on the
     /// transport `RMEMFS_TRANSPORT` names and the host of
@@ -103,6 +106,14 @@ impl MemnodeProc {
     ) -> Result<MemnodeProc, String> {
         let bin = binary("memnode");
         let transport_name = transport.to_string();
+        // A short grace for sessions whose fsd went away, unless the test sets one:
+        // a killed fsd's memory and volume come back in seconds, as the tests of
+        // crashes expect, while a reconnect (within milliseconds) still resumes.
+        let grace: &[&str] = if extra.iter().any(|a| a.starts_with("--session-grace")) {
+            &[]
+        } else {
+            &["--session-grace", TEST_SESSION_GRACE]
+        };
         let argv: Vec<String> = [
             "--transport",
             &transport_name,
@@ -112,6 +123,7 @@ impl MemnodeProc {
             size,
         ]
         .iter()
+        .chain(grace)
         .chain(extra)
         .map(|a| a.to_string())
         .collect();

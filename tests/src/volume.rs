@@ -389,12 +389,14 @@ fn fsck_after_crash(name: &str, args: &[&str], memnodes: &[&MemnodeProc]) -> Rme
     })
 }
 
-/// The counts of the text form (`inodes: N`, `inconsistencies: N`, `leaked chunks: N`).
+/// The counts of the text form (`inodes: N`, `inconsistencies: N`, `leaked chunks: N`,
+/// `lost blocks: N`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FsckCounts {
     pub inodes: u64,
     pub inconsistencies: u64,
     pub leaked_chunks: u64,
+    pub lost_blocks: u64,
 }
 
 /// Parses the text form's three count lines.
@@ -411,6 +413,7 @@ pub fn parse_fsck_text(stdout: &str) -> Option<FsckCounts> {
         inodes: count("inodes:")?,
         inconsistencies: count("inconsistencies:")?,
         leaked_chunks: count("leaked chunks:")?,
+        lost_blocks: count("lost blocks:")?,
     })
 }
 
@@ -528,24 +531,27 @@ mod tests {
 
     #[test]
     fn fsck_text_counts_parse() {
-        let out = "inodes: 12\ninconsistencies: 1\nleaked chunks: 0\ninode 5: bad\n";
+        let out =
+            "inodes: 12\nlost blocks: 3\ninconsistencies: 1\nleaked chunks: 0\ninode 5: bad\n";
         assert_eq!(
             parse_fsck_text(out),
             Some(FsckCounts {
                 inodes: 12,
                 inconsistencies: 1,
-                leaked_chunks: 0
+                leaked_chunks: 0,
+                lost_blocks: 3,
             })
         );
         assert_eq!(parse_fsck_text("inodes: 1\n"), None);
         let with_units = "generation: 5\ninodes: 3\norphans: 0 (reclaimed)\n\
-                          inconsistencies: 0\nleaked chunks: 2 (128 KiB)\n";
+                          lost blocks: 0\ninconsistencies: 0\nleaked chunks: 2 (128 KiB)\n";
         assert_eq!(
             parse_fsck_text(with_units),
             Some(FsckCounts {
                 inodes: 3,
                 inconsistencies: 0,
-                leaked_chunks: 2
+                leaked_chunks: 2,
+                lost_blocks: 0,
             })
         );
     }

@@ -193,6 +193,8 @@ fn fsx_sees_no_miscompare_when_a_memnode_dies_under_two_replicas() {
             "64K",
             "--replicas",
             "2",
+            "--dead-time",
+            "3",
             "--stats-file",
             stats.arg(),
         ],

@@ -1,7 +1,9 @@
 //! File data lives in the memnode's memory, not in fsd: fsd's RSS stays far below the
-//! file size while the memnode's used bytes cover it. When the memnode is lost, reads
-//! that need it fail with EIO in bounded time, while the namespace (kept by fsd) stays
-//! usable and fsd still unmounts cleanly.
+//! file size while the memnode's used bytes cover it. When the memnode is lost (it
+//! stayed away past fsd's `--dead-time`), reads that need it fail with EIO in bounded
+//! time, and on a soft mount (`--unreachable-timeout`) so do reads of a memnode that
+//! stopped answering; the namespace (kept by fsd) stays usable and fsd still
+//! unmounts cleanly.
 
 use rmemfs_tests::data::{timed_uncached_read, write_small};
 use rmemfs_tests::{
@@ -49,7 +51,10 @@ fn file_data_lives_on_the_memnode_and_its_loss_gives_eio_not_a_hang() {
     let pattern = Pattern::for_test("data lives on the memnode");
     let mut memnode = MemnodeProc::start("512M");
     let cache = 32 * MIB;
-    let fsd = FsdMount::with_memnode(&memnode, &["--cache", "32M", "--op-timeout", "2"]);
+    let fsd = FsdMount::with_memnode(
+        &memnode,
+        &["--cache", "32M", "--op-timeout", "2", "--dead-time", "3"],
+    );
     std::fs::create_dir(fsd.join("dir")).expect("mkdir dir");
     write_small(&fsd.join("dir/small"), &[7u8; 4096]);
 
@@ -121,11 +126,21 @@ fn file_data_lives_on_the_memnode_and_its_loss_gives_eio_not_a_hang() {
 /// succeeded in 0.1 s). The verbs counterpart of "the peer stops answering" is a lost
 /// network path, which this harness does not simulate yet.
 #[test]
-fn a_frozen_memnode_gives_eio_within_the_op_timeout() {
+fn a_frozen_memnode_gives_eio_after_the_unreachable_timeout_of_a_soft_mount() {
     let _serial = heavy_test();
     let pattern = Pattern::for_test("frozen memnode");
     let memnode = MemnodeProc::start_on(Transport::Tcp, "256M", &[]);
-    let fsd = FsdMount::with_memnode(&memnode, &["--cache", "8M", "--op-timeout", "2"]);
+    let fsd = FsdMount::with_memnode(
+        &memnode,
+        &[
+            "--cache",
+            "8M",
+            "--op-timeout",
+            "2",
+            "--unreachable-timeout",
+            "3",
+        ],
+    );
     std::fs::create_dir(fsd.join("dir")).expect("mkdir dir");
     write_small(&fsd.join("dir/small"), &[7u8; 4096]);
     let len = 64 * MIB;

@@ -277,11 +277,14 @@ impl FioRun {
 fn mount_two_replicas(nodes: &[MemnodeProc], args: &[&str]) -> (FsdMount, StatsFile) {
     let refs: Vec<&MemnodeProc> = nodes.iter().collect();
     let stats = StatsFile::new();
+    // A memnode killed here is lost 3 s later (fsd's dead time), not 10 minutes.
     let mut all = vec![
         "--replicas",
         "2",
         "--cache",
         "2M",
+        "--dead-time",
+        "3",
         "--stats-file",
         stats.arg(),
     ];
@@ -354,6 +357,8 @@ fn two_replicas_on_three_memnodes_survive_losing_one_then_another() {
             "16M",
             "--op-timeout",
             "2",
+            "--dead-time",
+            "3",
             "--stats-file",
             stats.arg(),
         ],
@@ -506,6 +511,8 @@ fn one_replica_losing_a_memnode_fails_exactly_its_blocks_with_eio_in_bounded_tim
             "1M",
             "--op-timeout",
             "2",
+            "--dead-time",
+            "3",
             "--stats-file",
             stats.arg(),
         ],

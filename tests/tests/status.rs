@@ -28,7 +28,16 @@ fn status_shows_memnodes_copies_and_a_memnode_lost_and_restored() {
     let mut nodes = [MemnodeProc::start("128M"), MemnodeProc::start("128M")];
     let fsd = FsdMount::with_memnodes(
         &[&nodes[0], &nodes[1]],
-        &["--replicas", "2", "--cache", "4M", "--chunk-size", "4M"],
+        &[
+            "--replicas",
+            "2",
+            "--cache",
+            "4M",
+            "--chunk-size",
+            "4M",
+            "--dead-time",
+            "3",
+        ],
     );
     let mount = fsd.path().to_path_buf();
     let pattern = Pattern::for_test("status");

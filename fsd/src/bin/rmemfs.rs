@@ -272,6 +272,9 @@ fn fsck(name: &str, r: &Remote, block_size: u64, json: bool) -> anyhow::Result<E
             token: r.token().as_bytes().to_vec(),
             replicas: 1,
             watch_interval: Duration::from_secs(3600),
+            dead_time: Duration::from_secs(3600),
+            // A memnode out of reach fails the check rather than holding it up.
+            unreachable_timeout: Some(t),
             volume: Some(VolumeSpec {
                 name: name.to_string(),
                 create: false,

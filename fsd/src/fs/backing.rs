@@ -11,6 +11,11 @@
 //! (with a replacement, for a whole block), so a write-back only counts as done once
 //! every copy the block has was written.
 //!
+//! A copy on an unreachable memnode is not a lost copy: a block with another copy in
+//! reach drops it (it would miss this write) and writes the others; a block with none
+//! in reach waits for its memnode, and a write cut off by a dropped connection is
+//! sent again once the memnode is back (`remote/mod.rs`).
+//!
 //! Every page written back gets its checksum recorded once all its copies took it,
 //! and every page loaded is checked against it (`remote/sums.rs`). On a durable
 //! volume whose log holds a file's sums, the log first learns that they may go
@@ -42,6 +47,12 @@ impl RmemFs {
     /// [`RmemFs::writeback_done`] or [`RmemFs::writeback_dropped`].
     fn writeback_target(&self, key: PageKey, whole: bool) -> Option<Result<Target, FsError>> {
         let inode = self.ns.get(key.0).ok()?;
+        // A block whose copies all sit on unreachable memnodes waits for one (outside
+        // the meta lock) rather than losing them: unreachable is not lost.
+        let copies = inode.meta().blocks.get(&key.1).map(|e| e.loc.clone());
+        if let Some(loc) = copies {
+            self.remote.await_reachable(&loc);
+        }
         let mut m = inode.meta();
         let target = self.choose_copies(&inode, &mut m, key, whole)?;
         if let Ok(t) = &target {
@@ -68,7 +79,9 @@ impl RmemFs {
         let entry = m.blocks.get_mut(&key.1)?;
         if !whole {
             // Part of a block goes to the copies it has: a new copy would need the rest.
-            entry.loc.retain(|r| self.remote.holds(r));
+            // Copies out of reach are dropped when others can take the write, and
+            // waited for when none can (`write_copies`).
+            self.remote.prune_for_write(&mut entry.loc);
             if !entry.written || entry.loc.is_empty() {
                 // (The cache asks for parts only of written blocks: see stores_in_part.)
                 return Some(Err(FsError::from(RemoteError::Lost)));

@@ -47,9 +47,15 @@ impl RmemFs {
                 _ => return Ok(()),
             }
         };
-        // Copies lost with a memnode are dropped here, as a write-back drops them.
+        // Copies lost with a memnode are dropped here, as a write-back drops them;
+        // copies out of reach are waited for when no other can be reached, and
+        // dropped when one can.
+        self.remote.await_reachable(&old);
         let mut live = old.clone();
-        live.retain(|r| self.remote.holds(r));
+        self.remote.prune_for_write(&mut live);
+        if self.remote.live_copies(&live) == 0 {
+            live = BlockLoc::from_replicas(live.bytes(), std::iter::empty());
+        }
         if written && live.is_empty() {
             return Err(RemoteError::Lost.into());
         }

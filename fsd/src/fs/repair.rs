@@ -23,7 +23,10 @@ pub struct Redundancy {
     pub degraded: u64,
     /// Blocks with no copy left (their data is gone).
     pub lost: u64,
-    /// Copies on each memnode (command-line order).
+    /// Blocks whose every copy is on an unreachable memnode: out of reach now, back
+    /// when it is (they count as lost only once it is).
+    pub unreachable: u64,
+    /// Copies on each memnode (command-line order), reachable or not.
     pub per_node: Vec<u64>,
 }
 
@@ -91,12 +94,19 @@ impl RmemFs {
                         continue; // its content is in a dirty page, written back with R copies
                     }
                     found.blocks += 1;
+                    // Copies on an unreachable memnode still count: re-made only
+                    // once it is lost, so a blip starts no storm of copying.
                     let mut live = 0;
+                    let mut reachable = 0;
                     for r in entry.loc.replicas() {
-                        if self.remote.holds(r) {
+                        if self.remote.has_copy(r) {
                             live += 1;
                             found.per_node[r.node as usize] += 1;
+                            reachable += self.remote.holds(r) as usize;
                         }
+                    }
+                    if live > 0 && reachable == 0 {
+                        found.unreachable += 1;
                     }
                     if live == 0 {
                         found.lost += 1;

@@ -1,6 +1,8 @@
 //! Copies on several memnodes: losing one, re-replication, a memnode coming back.
 //! In-process memnodes over tcp on loopback; "losing" one shuts it down, which closes
-//! its connections as a killed process's would.
+//! its connections as a killed process's would. fsd's dead time is short here
+//! ([`DEAD_TIME`]): a memnode that stays away is lost within a moment, which is what
+//! these tests are about (the fault tests show that a short absence loses nothing).
 
 use super::*;
 use crate::inode::ROOT_INO;
@@ -12,6 +14,8 @@ use std::time::{Duration, Instant};
 pub(super) const BS: u64 = 4096;
 pub(super) const ME: Caller = Caller::with_ids(0, 0);
 const NODE_SIZE: u64 = 4 << 20;
+/// How long a memnode may be unreachable before fsd counts its copies as lost.
+pub(super) const DEAD_TIME: Duration = Duration::from_millis(300);
 
 fn start_node(listen: &str) -> memnode::Memnode {
     memnode::Memnode::start(memnode::MemnodeConfig {
@@ -22,6 +26,7 @@ fn start_node(listen: &str) -> memnode::Memnode {
         transport: Transport::Tcp,
         poll: std::time::Duration::ZERO,
         lease: memnode::DEFAULT_LEASE,
+        session_grace: memnode::DEFAULT_SESSION_GRACE,
     })
     .expect("memnode starts")
 }
@@ -80,6 +85,8 @@ impl Cluster {
                 token: Vec::new(),
                 replicas,
                 watch_interval: watch,
+                dead_time: DEAD_TIME,
+                unreachable_timeout: None,
                 volume: None,
             },
             connect,
@@ -89,11 +96,16 @@ impl Cluster {
         Cluster { nodes, addrs, fs }
     }
 
+    /// Shuts memnode `i` down and waits until fsd counts it lost (unreachable past
+    /// the dead time).
     fn kill(&mut self, i: usize) {
         self.nodes[i].take().expect("node running").shutdown();
         let deadline = Instant::now() + Duration::from_secs(10);
-        while self.fs.remote().node_is_up(i) {
-            assert!(Instant::now() < deadline, "memnode {i} was not marked down");
+        while !matches!(
+            self.fs.remote().node_state(i),
+            Some(crate::remote::NodeState::Down { .. })
+        ) {
+            assert!(Instant::now() < deadline, "memnode {i} was not marked lost");
             std::thread::sleep(Duration::from_millis(20));
         }
     }

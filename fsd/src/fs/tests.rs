@@ -17,14 +17,31 @@ struct Rig {
 }
 
 fn rig(memnode_size: u64, cache: u64, chunk: u64) -> Rig {
-    rig_with_faults(memnode_size, cache, chunk, Arc::new(Faults::default()))
+    rig_of(memnode_size, cache, chunk, BS, Arc::new(Faults::default()))
 }
 
+/// A rig whose connections fail as `faults` say. Injected failures are broken
+/// connections, which fsd waits out (the memnode is only unreachable): this rig is a
+/// soft mount ([`SOFT_TIMEOUT`]), so an operation that keeps failing fails.
 fn rig_with_faults(memnode_size: u64, cache: u64, chunk: u64, faults: Arc<Faults>) -> Rig {
-    rig_of(memnode_size, cache, chunk, BS, faults)
+    rig_soft(memnode_size, cache, chunk, BS, faults, Some(SOFT_TIMEOUT))
 }
+
+/// How long the fault rig's operations wait for a memnode that keeps failing them.
+const SOFT_TIMEOUT: Duration = Duration::from_millis(300);
 
 fn rig_of(memnode_size: u64, cache: u64, chunk: u64, block: u64, faults: Arc<Faults>) -> Rig {
+    rig_soft(memnode_size, cache, chunk, block, faults, None)
+}
+
+fn rig_soft(
+    memnode_size: u64,
+    cache: u64,
+    chunk: u64,
+    block: u64,
+    faults: Arc<Faults>,
+    soft: Option<Duration>,
+) -> Rig {
     let node = memnode::Memnode::start(memnode::MemnodeConfig {
         listen: "127.0.0.1:0".into(),
         size: memnode_size,
@@ -33,6 +50,7 @@ fn rig_of(memnode_size: u64, cache: u64, chunk: u64, block: u64, faults: Arc<Fau
         transport: rmemfs_common::fabric::Transport::Tcp,
         poll: std::time::Duration::ZERO,
         lease: memnode::DEFAULT_LEASE,
+        session_grace: memnode::DEFAULT_SESSION_GRACE,
     })
     .expect("memnode starts");
     let addr = node.local_addr().to_string();
@@ -50,6 +68,9 @@ fn rig_of(memnode_size: u64, cache: u64, chunk: u64, block: u64, faults: Arc<Fau
             token: Vec::new(),
             replicas: 1,
             watch_interval: Duration::from_secs(1),
+            // A memnode shut down is lost a second later (the tests of a lost one).
+            dead_time: Duration::from_secs(1),
+            unreachable_timeout: soft,
             volume: None,
         },
         connect,

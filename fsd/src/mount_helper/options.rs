@@ -70,6 +70,8 @@ pub const SETTINGS: &[Setting] = &[
     valued("scrub_rate", "--scrub-rate"),
     valued("token_file", "--token-file"),
     valued("op_timeout", "--op-timeout"),
+    valued("dead_time", "--dead-time"),
+    valued("unreachable_timeout", "--unreachable-timeout"),
     valued("threads", "--threads"),
     valued("ring_threads", "--ring-threads"),
     valued("connections", "--connections"),

@@ -119,7 +119,7 @@ impl RemoteStore {
                 which.push(b);
             }
         }
-        for (b, r) in which.into_iter().zip(self.post(ops)) {
+        for (b, r) in which.into_iter().zip(self.post(ops, super::Patience::Wait)) {
             if let (Err(e), true) = (r, results[b].is_ok()) {
                 results[b] = Err(e);
             }

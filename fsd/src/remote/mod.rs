@@ -12,10 +12,19 @@
 //!   writes go to every copy. Operations for one node are posted together on one of
 //!   its connections, so a batch is outstanding at once.
 //! - failure: a node whose connection breaks, or that does not answer an operation
-//!   or its heartbeat in time, is marked down (logged once) and its copies count as
-//!   lost; every later operation on it fails at once. A watch thread per node
-//!   reconnects it when it comes back, as a new epoch with empty memory
-//!   ([`node`]). Timeouts come from the fabric.
+//!   or its heartbeat in time, is **unreachable** (logged once), not lost: its copies
+//!   still count, and a watch thread per node reconnects it and resumes its session
+//!   with every copy. Only a node **lost** (a new instance answered, the dead time
+//!   passed, an operator said so) loses its copies ([`node`]). Timeouts come from the
+//!   fabric.
+//! - while a node is unreachable, a read takes another copy that can be reached at
+//!   once, and waits for the node only when there is none; a write goes to the copies
+//!   that can be reached (the others are dropped from the block: they would hold old
+//!   bytes) and waits only when none can. Waiting ends when the node is back (the
+//!   operation is sent again: a one-sided WRITE is idempotent), when it is lost, or
+//!   after `RemoteConfig::unreachable_timeout` when one is set (a soft mount), and
+//!   then fails. Volume metadata is read and written the same patient way, so nothing
+//!   about a merely unreachable node reaches a volume's log.
 
 mod copy;
 mod node;
@@ -26,8 +35,8 @@ pub mod sums;
 mod watch;
 
 pub use copy::BlockCopy;
-pub use node::VolumeSpec;
 use node::{LinkConfig, Node};
+pub use node::{NodeState, VolumeSpec};
 pub use placement::{BlockLoc, Replica, MAX_REPLICAS};
 pub use pool::{pages_for, PAGE};
 use rmemfs_common::control::{self, ControlError};
@@ -97,6 +106,9 @@ pub struct RemoteCounters {
     pub pages_repaired: AtomicU64,
     /// Bytes memnodes copied within their memory for fsd (copy_file_range).
     pub memnode_copy_bytes: AtomicU64,
+    /// Remote operations sent again after their memnode was unreachable and came
+    /// back (or that waited for it to come back before being sent).
+    pub ops_retried: AtomicU64,
     /// Latency of counted READs and WRITEs: each operation of a batch posted on one
     /// connection is observed with the batch's time, from posting to its last
     /// completion (they complete together as far as fsd can tell).
@@ -120,6 +132,9 @@ impl RemoteCounters {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// How often a caller waiting for an unreachable memnode looks again.
+const WAIT_STEP: Duration = Duration::from_millis(5);
 
 /// A memnode's memory, as [`RemoteStore::node_usage`] reports it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -150,6 +165,12 @@ pub struct RemoteConfig {
     /// The durable volume to open on every memnode (`None`: scratch memory, given
     /// back when fsd disconnects).
     pub volume: Option<VolumeSpec>,
+    /// How long a memnode may stay unreachable before its copies count as lost.
+    pub dead_time: Duration,
+    /// How long an operation that needs an unreachable memnode (no other copy can be
+    /// reached) waits for it before failing; `None` waits until it is back or lost
+    /// (a hard mount).
+    pub unreachable_timeout: Option<Duration>,
 }
 
 /// Every memnode this fsd uses.
@@ -163,6 +184,17 @@ pub struct RemoteStore {
     next_node: AtomicUsize,
     pub counters: Arc<RemoteCounters>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    unreachable_timeout: Option<Duration>,
+}
+
+/// Whether an operation on an unreachable node waits for it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Patience {
+    /// Fail at once: the caller has another copy to turn to.
+    FailFast,
+    /// Wait for the node (bounded by `unreachable_timeout`, or until it is lost), then
+    /// send the operation again.
+    Wait,
 }
 
 /// How many of the `len` bytes at `offset` of a block lie in its allocation.
@@ -178,6 +210,22 @@ pub type BlockRead<'a> = (&'a BlockLoc, usize, &'a mut [u8], &'a [Option<u32>]);
 struct CopyOp<'a> {
     replica: Replica,
     op: RdmaOp<'a>,
+}
+
+/// True for an error that says the node could not be reached (rather than refused
+/// the access or the bytes were bad): the operation may succeed once it is back.
+fn is_unreachable(e: &RemoteError) -> bool {
+    match e {
+        RemoteError::NodeDown { .. } => true,
+        RemoteError::Fabric { error, .. } => {
+            error.is_fatal() || matches!(error, FabricError::Timeout { .. })
+        }
+        RemoteError::Control {
+            error: ControlError::Fabric(error),
+            ..
+        } => error.is_fatal() || matches!(error, FabricError::Timeout { .. }),
+        _ => false,
+    }
 }
 
 fn thread_error(node: &str, what: &str, e: std::io::Error) -> RemoteError {
@@ -200,6 +248,7 @@ impl RemoteStore {
             client_id: cfg.client_id,
             token: cfg.token.clone(),
             volume: cfg.volume.clone(),
+            dead_time: cfg.dead_time,
         });
         let mut nodes = Vec::new();
         for name in memnodes {
@@ -211,7 +260,7 @@ impl RemoteStore {
                 Err(e @ (RemoteError::Fabric { .. } | RemoteError::NodeDown { .. }))
                     if cfg.volume.is_some() && memnodes.len() > 1 =>
                 {
-                    Node::unreachable(name, e.to_string())
+                    Node::unreachable(name, &link_cfg, e.to_string())
                 }
                 Err(e) => return Err(e),
             };
@@ -252,6 +301,7 @@ impl RemoteStore {
             next_node: AtomicUsize::new(0),
             counters,
             threads,
+            unreachable_timeout: cfg.unreachable_timeout,
         })
     }
 
@@ -277,14 +327,107 @@ impl RemoteStore {
         self.nodes.get(idx).is_some_and(|n| n.is_up())
     }
 
-    /// True when the copy `r` still exists (its node is up, in the epoch of the copy).
+    /// True when the copy `r` can be reached now (its node is up, in the epoch of
+    /// the copy).
     pub fn holds(&self, r: &Replica) -> bool {
         self.nodes.get(r.node as usize).is_some_and(|n| n.holds(r))
     }
 
-    /// How many copies of `loc` still exist.
+    /// True when the copy `r` still exists, reachable or not (its node is not lost
+    /// since the copy was made).
+    pub fn has_copy(&self, r: &Replica) -> bool {
+        self.nodes
+            .get(r.node as usize)
+            .is_some_and(|n| n.has_copy(r))
+    }
+
+    /// How many copies of `loc` can be reached now.
     pub fn live_copies(&self, loc: &BlockLoc) -> usize {
         loc.replicas().iter().filter(|r| self.holds(r)).count()
+    }
+
+    /// Readies `loc` for a write: drops the copies that were lost and, when at least
+    /// one copy can be reached, the unreachable ones too (they would miss this write
+    /// and hold old bytes). With no copy in reach, the unreachable ones stay: the
+    /// write waits for them. A copy dropped out of reach is not given back to its
+    /// pool (a write sent before its memnode went away might still land in it): its
+    /// pages stay taken until fsd lets go of the memnode's memory, or, on a volume,
+    /// until the next mount finds them referenced by nothing.
+    pub fn prune_for_write(&self, loc: &mut BlockLoc) {
+        loc.retain(|r| self.has_copy(r));
+        if self.live_copies(loc) > 0 {
+            loc.retain(|r| self.holds(r));
+        }
+    }
+
+    /// Waits while `loc` has copies that exist but none that can be reached (its
+    /// memnodes are unreachable): until one is back, none exists any more (lost), or
+    /// the unreachable timeout passes. Returns at once otherwise.
+    pub fn await_reachable(&self, loc: &BlockLoc) {
+        let deadline = self.unreachable_timeout.map(|t| Instant::now() + t);
+        let mut waited = false;
+        while self.live_copies(loc) == 0 && loc.replicas().iter().any(|r| self.has_copy(r)) {
+            if deadline.is_some_and(|d| Instant::now() >= d) || self.stopping() {
+                break;
+            }
+            waited = true;
+            std::thread::sleep(WAIT_STEP);
+        }
+        if waited {
+            self.counters.ops_retried.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Waits for node `node` to be up again in `epoch`; false when it was lost, the
+    /// unreachable timeout passed (from `since`) or fsd is stopping.
+    fn await_node(&self, node: &Node, epoch: u32, since: Instant) -> bool {
+        loop {
+            if node.epoch() != epoch {
+                return false;
+            }
+            if node.is_up() {
+                return true;
+            }
+            if self
+                .unreachable_timeout
+                .is_some_and(|t| since.elapsed() >= t)
+                || self.stopping()
+            {
+                return false;
+            }
+            std::thread::sleep(WAIT_STEP);
+        }
+    }
+
+    /// True once fsd is shutting the store down (no more waiting for memnodes).
+    fn stopping(&self) -> bool {
+        self.nodes
+            .first()
+            .is_some_and(|n| n.refill.stop.load(Ordering::SeqCst))
+    }
+
+    /// Each node's state (by index), for status and metrics.
+    pub fn node_state(&self, idx: usize) -> Option<NodeState> {
+        Some(self.nodes.get(idx)?.state())
+    }
+
+    /// Node `idx`'s counts: times unreachable, sessions resumed, times lost.
+    pub fn node_events(&self, idx: usize) -> Option<(u64, u64, u64)> {
+        let e = &self.nodes.get(idx)?.events;
+        Some((
+            e.unreachable.load(Ordering::Relaxed),
+            e.resumed.load(Ordering::Relaxed),
+            e.lost.load(Ordering::Relaxed),
+        ))
+    }
+
+    /// Declares node `idx` lost now if it is unreachable (an operator's word): its
+    /// copies are re-made from other copies. False when it is up (or not a node).
+    pub fn declare_lost(&self, idx: usize) -> bool {
+        let Some(node) = self.nodes.get(idx) else {
+            return false;
+        };
+        node.declare_lost(node.epoch(), "declared lost by the operator")
     }
 
     /// The copies a block can have now: `replicas`, or fewer while fewer nodes are up.
@@ -310,11 +453,12 @@ impl RemoteStore {
         Ok(loc)
     }
 
-    /// Drops the copies of `loc` that no longer exist, then allocates up to `want` new
-    /// ones on up nodes that hold none, nodes taken in turn. Returns how many it added
-    /// (fewer when fewer nodes have room).
+    /// Drops the copies of `loc` that no longer exist or would miss a write
+    /// ([`RemoteStore::prune_for_write`]), then allocates up to `want` new ones on up
+    /// nodes that hold none, nodes taken in turn. Returns how many it added (fewer
+    /// when fewer nodes have room).
     pub fn add_copies(&self, loc: &mut BlockLoc, want: usize) -> usize {
-        loc.retain(|r| self.holds(r));
+        self.prune_for_write(loc);
         let n = self.nodes.len();
         let start = self.next_node.fetch_add(1, Ordering::Relaxed);
         let mut added = 0;
@@ -478,13 +622,20 @@ impl RemoteStore {
 
     /// Posts `ops`; all operations for one node go together on one of its
     /// connections. Returns one result per operation, in order.
-    fn post(&self, ops: Vec<CopyOp<'_>>) -> Vec<Result<(), RemoteError>> {
-        self.post_counted(ops, true)
+    fn post(&self, ops: Vec<CopyOp<'_>>, patience: Patience) -> Vec<Result<(), RemoteError>> {
+        self.post_counted(ops, patience, true)
     }
 
     /// As [`RemoteStore::post`]; `counted` false leaves the traffic counters alone
-    /// (the scrubber's reads, which it counts itself, are not the data path's).
-    fn post_counted(&self, ops: Vec<CopyOp<'_>>, counted: bool) -> Vec<Result<(), RemoteError>> {
+    /// (the scrubber's reads, which it counts itself, are not the data path's). With
+    /// [`Patience::Wait`], operations that found their node unreachable (before or
+    /// while they were sent) wait for it and are sent again.
+    fn post_counted(
+        &self,
+        ops: Vec<CopyOp<'_>>,
+        patience: Patience,
+        counted: bool,
+    ) -> Vec<Result<(), RemoteError>> {
         let mut results: Vec<Result<(), RemoteError>> = ops.iter().map(|_| Ok(())).collect();
         let mut nodes: Vec<u16> = ops.iter().map(|o| o.replica.node).collect();
         nodes.sort_unstable();
@@ -494,57 +645,92 @@ impl RemoteStore {
             let members: Vec<usize> = (0..ops.len())
                 .filter(|&i| ops[i].as_ref().is_some_and(|o| o.replica.node == node_idx))
                 .collect();
-            let link = match self.nodes.get(node_idx as usize) {
-                Some(node) => node.link().map(|l| (node, l)),
-                None => Err(RemoteError::Lost),
-            };
-            let (node, link) = match link {
-                Ok(nl) => nl,
-                Err(e) => {
-                    for &i in &members {
-                        results[i] = Err(e.clone());
-                    }
-                    continue;
-                }
-            };
-            let mut posted = Vec::with_capacity(members.len());
-            let mut batch: Vec<RdmaOp<'_>> = Vec::with_capacity(members.len());
-            let mut reads = 0;
-            for &i in &members {
-                let Some(CopyOp { replica, op }) = ops[i].take() else {
-                    continue;
-                };
-                if replica.epoch != link.epoch {
+            let mut batch: Vec<(usize, CopyOp<'_>)> = members
+                .into_iter()
+                .filter_map(|i| Some((i, ops[i].take()?)))
+                .collect();
+            let Some(node) = self.nodes.get(node_idx as usize) else {
+                for (i, _) in batch {
                     results[i] = Err(RemoteError::Lost);
-                    continue;
                 }
-                let (count, bytes, len) = match &op {
-                    RdmaOp::Read { local, .. } => {
-                        (&self.counters.reads, &self.counters.read_bytes, local.len())
+                continue;
+            };
+            let since = Instant::now();
+            loop {
+                let outcomes = self.execute_on(node, &mut batch, counted);
+                let mut again = Vec::new();
+                for ((i, op), outcome) in batch.into_iter().zip(outcomes) {
+                    let retry = patience == Patience::Wait
+                        && outcome.as_ref().is_err_and(is_unreachable)
+                        && node.has_copy(&op.replica);
+                    results[i] = outcome;
+                    if retry {
+                        again.push((i, op));
                     }
-                    RdmaOp::Write { local, .. } => (
-                        &self.counters.writes,
-                        &self.counters.write_bytes,
-                        local.len(),
-                    ),
-                };
-                if counted {
-                    count.fetch_add(1, Ordering::Relaxed);
-                    bytes.fetch_add(len as u64, Ordering::Relaxed);
                 }
-                reads += matches!(op, RdmaOp::Read { .. }) as u64;
-                posted.push(i);
-                batch.push(op);
+                if again.is_empty() || !self.await_node(node, again[0].1.replica.epoch, since) {
+                    break;
+                }
+                self.counters
+                    .ops_retried
+                    .fetch_add(again.len() as u64, Ordering::Relaxed);
+                batch = again;
             }
-            let started = Instant::now();
-            let outcomes = link.endpoint().execute(&mut batch);
+        }
+        results
+    }
+
+    /// Sends `batch` (operations on copies of `node`) on one of its connections;
+    /// one result per operation.
+    fn execute_on(
+        &self,
+        node: &Node,
+        batch: &mut [(usize, CopyOp<'_>)],
+        counted: bool,
+    ) -> Vec<Result<(), RemoteError>> {
+        let link = match node.link() {
+            Ok(l) => l,
+            Err(e) => return batch.iter().map(|_| Err(e.clone())).collect(),
+        };
+        let mut results: Vec<Result<(), RemoteError>> = batch.iter().map(|_| Ok(())).collect();
+        let mut posted = Vec::with_capacity(batch.len());
+        let mut rdma: Vec<RdmaOp<'_>> = Vec::with_capacity(batch.len());
+        let mut reads = 0;
+        for (k, (_, CopyOp { replica, op })) in batch.iter_mut().enumerate() {
+            if replica.epoch != link.epoch {
+                results[k] = Err(RemoteError::Lost);
+                continue;
+            }
+            let (count, bytes, len, is_read) = match op {
+                RdmaOp::Read { local, .. } => (
+                    &self.counters.reads,
+                    &self.counters.read_bytes,
+                    local.len(),
+                    true,
+                ),
+                RdmaOp::Write { local, .. } => (
+                    &self.counters.writes,
+                    &self.counters.write_bytes,
+                    local.len(),
+                    false,
+                ),
+            };
             if counted {
-                let writes = batch.len() as u64 - reads;
-                self.counters.observe(started.elapsed(), reads, writes);
+                count.fetch_add(1, Ordering::Relaxed);
+                bytes.fetch_add(len as u64, Ordering::Relaxed);
             }
-            for (i, outcome) in posted.into_iter().zip(outcomes) {
-                results[i] = outcome.map_err(|e| node.fabric_error(link.epoch, e));
-            }
+            reads += is_read as u64;
+            posted.push(k);
+            rdma.push(op.reborrow());
+        }
+        let started = Instant::now();
+        let outcomes = link.endpoint().execute(&mut rdma);
+        if counted {
+            let writes = rdma.len() as u64 - reads;
+            self.counters.observe(started.elapsed(), reads, writes);
+        }
+        for (k, outcome) in posted.into_iter().zip(outcomes) {
+            results[k] = outcome.map_err(|e| node.fabric_error(link.epoch, e));
         }
         results
     }
@@ -556,7 +742,10 @@ impl RemoteStore {
     /// logged and counted, the next copy is read, and once one passes the copies
     /// that failed are rewritten from it (read repair). A block with no copy left
     /// fails with [`RemoteError::Lost`], one whose every copy fails its checksum
-    /// with [`RemoteError::Corrupt`].
+    /// with [`RemoteError::Corrupt`]. Copies that can be reached are tried first; a
+    /// block none of whose copies could be read but that has copies on unreachable
+    /// memnodes waits for one of them ([`RemoteStore::await_reachable`]'s bounds)
+    /// and is read again.
     pub fn read_blocks(&self, reads: &mut [BlockRead<'_>]) -> Vec<Result<(), RemoteError>> {
         let mut results: Vec<Result<(), RemoteError>> =
             reads.iter().map(|_| Err(RemoteError::Lost)).collect();
@@ -574,11 +763,90 @@ impl RemoteStore {
         // The copies of each block whose bytes failed their checksum.
         let mut bad: Vec<Vec<Replica>> = vec![Vec::new(); reads.len()];
         for (i, (loc, _, _, _)) in reads.iter().enumerate() {
-            if held[i] == 0 && loc.replicas().iter().any(|r| self.holds(r)) {
+            if held[i] == 0 && loc.replicas().iter().any(|r| self.has_copy(r)) {
                 results[i] = Ok(());
                 next[i] = None;
             }
         }
+        let since = Instant::now();
+        loop {
+            self.read_reachable_copies(reads, &held, &mut next, &mut results, &mut bad);
+            // Blocks still unread whose other copies exist but are out of reach.
+            let waiting: Vec<usize> = (0..reads.len())
+                .filter(|&i| {
+                    results[i].is_err()
+                        && reads[i]
+                            .0
+                            .replicas()
+                            .iter()
+                            .any(|r| self.has_copy(r) && !self.holds(r))
+                })
+                .collect();
+            if waiting.is_empty() {
+                break;
+            }
+            if !self.await_any(reads, &waiting, since) {
+                // Out of reach, not lost: say which memnode it waits for.
+                for &i in &waiting {
+                    if let Err(RemoteError::Lost) = results[i] {
+                        let away = reads[i].0.replicas().iter().find_map(|r| {
+                            let node = self.nodes.get(r.node as usize)?;
+                            node.has_copy(r).then(|| node.link().err()).flatten()
+                        });
+                        if let Some(e) = away {
+                            results[i] = Err(e);
+                        }
+                    }
+                }
+                break;
+            }
+            self.counters
+                .ops_retried
+                .fetch_add(waiting.len() as u64, Ordering::Relaxed);
+            for i in waiting {
+                next[i] = Some(0);
+            }
+        }
+        for (i, bad) in bad.iter().enumerate() {
+            if results[i].is_ok() && !bad.is_empty() {
+                let (_, offset, buf, _) = &reads[i];
+                self.rewrite_copies(bad, *offset, &buf[..held[i]]);
+            }
+        }
+        results
+    }
+
+    /// Waits until one of the blocks `which` of `reads` has a copy in reach (true),
+    /// or none of them has a copy left, or the unreachable timeout (from `since`)
+    /// passes, or fsd stops (false).
+    fn await_any(&self, reads: &[BlockRead<'_>], which: &[usize], since: Instant) -> bool {
+        loop {
+            if which.iter().any(|&i| self.live_copies(reads[i].0) > 0) {
+                return true;
+            }
+            let none_left = which
+                .iter()
+                .all(|&i| !reads[i].0.replicas().iter().any(|r| self.has_copy(r)));
+            let timed_out = self
+                .unreachable_timeout
+                .is_some_and(|t| since.elapsed() >= t);
+            if none_left || timed_out || self.stopping() {
+                return false;
+            }
+            std::thread::sleep(WAIT_STEP);
+        }
+    }
+
+    /// One pass of [`RemoteStore::read_blocks`]: for each block not done (`next`),
+    /// reads the copies in reach in turn until one passes its checksum.
+    fn read_reachable_copies(
+        &self,
+        reads: &mut [BlockRead<'_>],
+        held: &[usize],
+        next: &mut [Option<usize>],
+        results: &mut [Result<(), RemoteError>],
+        bad: &mut [Vec<Replica>],
+    ) {
         loop {
             let mut chosen: Vec<Option<Replica>> = vec![None; reads.len()];
             for (i, (loc, _, _, _)) in reads.iter().enumerate() {
@@ -611,7 +879,7 @@ impl RemoteStore {
             if ops.is_empty() {
                 break;
             }
-            for (i, r) in which.into_iter().zip(self.post(ops)) {
+            for (i, r) in which.into_iter().zip(self.post(ops, Patience::FailFast)) {
                 let (_, offset, buf, expected) = &reads[i];
                 let replica = chosen[i].expect("a read was posted for it");
                 results[i] =
@@ -623,13 +891,6 @@ impl RemoteStore {
                 }
             }
         }
-        for (i, bad) in bad.iter().enumerate() {
-            if results[i].is_ok() && !bad.is_empty() {
-                let (_, offset, buf, _) = &reads[i];
-                self.rewrite_copies(bad, *offset, &buf[..held[i]]);
-            }
-        }
-        results
     }
 
     /// Checks `data`, just read from `replica` at `offset`, against `expected`.
@@ -692,7 +953,8 @@ impl RemoteStore {
                 remote: replica.remote.offset(offset),
             },
         };
-        self.post_counted(vec![op], false).remove(0)
+        self.post_counted(vec![op], Patience::FailFast, false)
+            .remove(0)
     }
 
     /// Rewrites `data` at `offset` of the copies in `bad`, whose bytes there failed
@@ -708,7 +970,7 @@ impl RemoteStore {
                 },
             })
             .collect();
-        for (replica, r) in bad.iter().zip(self.post(ops)) {
+        for (replica, r) in bad.iter().zip(self.post(ops, Patience::FailFast)) {
             let node = self.node_name(replica.node as usize);
             match r {
                 Ok(()) => {
@@ -735,9 +997,10 @@ impl RemoteStore {
         &self,
         writes: &[(&BlockLoc, usize, &[u8])],
     ) -> Vec<Vec<Result<(), RemoteError>>> {
-        let mut ops = Vec::new();
+        // (block, copy, bytes, where): each write of a copy, to post and maybe post again.
+        let mut ops: Vec<(usize, Replica, &[u8], RemoteAddr)> = Vec::new();
         let mut refused = Vec::with_capacity(writes.len());
-        for (loc, offset, buf) in writes {
+        for (b, (loc, offset, buf)) in writes.iter().enumerate() {
             let n = held_part(loc, *offset, buf.len());
             let fits = buf[n..].iter().all(|&b| b == 0);
             refused.push(!fits);
@@ -753,16 +1016,10 @@ impl RemoteStore {
                 if n == 0 {
                     continue;
                 }
-                ops.push(CopyOp {
-                    replica: *r,
-                    op: RdmaOp::Write {
-                        local: &buf[..n],
-                        remote: r.remote.offset(*offset),
-                    },
-                });
+                ops.push((b, *r, &buf[..n], r.remote.offset(*offset)));
             }
         }
-        let mut outcomes = self.post(ops).into_iter();
+        let mut outcomes = self.post_writes(&ops).into_iter();
         writes
             .iter()
             .zip(refused)
@@ -777,6 +1034,50 @@ impl RemoteStore {
                 }
             })
             .collect()
+    }
+
+    /// Posts the writes `ops` (block, copy, bytes, where) at once to every copy. A
+    /// block none of whose copies took its write, for want of a memnode in reach, is
+    /// written again to those copies once one is back (waiting as
+    /// [`Patience::Wait`] does): a block with a copy written needs no other, as the
+    /// copies that missed it are dropped by the caller.
+    fn post_writes(
+        &self,
+        ops: &[(usize, Replica, &[u8], RemoteAddr)],
+    ) -> Vec<Result<(), RemoteError>> {
+        let as_ops = |which: &[usize]| -> Vec<CopyOp<'_>> {
+            which
+                .iter()
+                .map(|&k| {
+                    let (_, replica, local, remote) = ops[k];
+                    CopyOp {
+                        replica,
+                        op: RdmaOp::Write { local, remote },
+                    }
+                })
+                .collect()
+        };
+        let all: Vec<usize> = (0..ops.len()).collect();
+        let mut results = self.post(as_ops(&all), Patience::FailFast);
+        let written: std::collections::HashSet<usize> = ops
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_ok())
+            .map(|(op, _)| op.0)
+            .collect();
+        let again: Vec<usize> = (0..ops.len())
+            .filter(|&k| {
+                !written.contains(&ops[k].0)
+                    && results[k].as_ref().is_err_and(is_unreachable)
+                    && self.has_copy(&ops[k].1)
+            })
+            .collect();
+        if !again.is_empty() {
+            for (k, r) in again.iter().zip(self.post(as_ops(&again), Patience::Wait)) {
+                results[*k] = r;
+            }
+        }
+        results
     }
 
     /// Usable capacity and free bytes, given that each block takes `replicas` copies:
@@ -919,7 +1220,7 @@ impl RemoteStore {
                 },
             })
             .collect();
-        self.post(ops).into_iter().collect()
+        self.post(ops, Patience::Wait).into_iter().collect()
     }
 
     /// Writes `buf` at `remote` on node `idx` (in pieces the fabric takes).
@@ -936,7 +1237,7 @@ impl RemoteStore {
                 },
             })
             .collect();
-        self.post(ops).into_iter().collect()
+        self.post(ops, Patience::Wait).into_iter().collect()
     }
 
     /// Releases the volume on every memnode that is up (unmount): its chunks stay,
@@ -957,6 +1258,14 @@ impl RemoteStore {
             if let Err(e) = control::volume_close(link.control()) {
                 log::warn!("closing the volume: {}", node.control_error(link.epoch, e));
             }
+        }
+    }
+
+    /// Tells every memnode in reach that this fsd is done, so they give its scratch
+    /// memory back at once instead of keeping it for a reconnect (clean shutdown).
+    pub fn end_sessions(&self) {
+        for node in &self.nodes {
+            node.end_session();
         }
     }
 
@@ -989,6 +1298,10 @@ impl Drop for RemoteStore {
 }
 
 #[cfg(test)]
+#[path = "states_tests.rs"]
+mod states_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use rmemfs_common::fabric::tcp::TcpEndpoint;
@@ -1006,6 +1319,7 @@ mod tests {
             transport: rmemfs_common::fabric::Transport::Tcp,
             poll: std::time::Duration::ZERO,
             lease: memnode::DEFAULT_LEASE,
+            session_grace: memnode::DEFAULT_SESSION_GRACE,
         })
         .expect("memnode starts");
         let connect: Arc<Connector> = Arc::new(|peer: &str, _client: u64| {
@@ -1021,6 +1335,8 @@ mod tests {
                 token: Vec::new(),
                 replicas: 1,
                 watch_interval: Duration::from_secs(1),
+                dead_time: Duration::from_secs(600),
+                unreachable_timeout: None,
                 volume: None,
             },
             connect,

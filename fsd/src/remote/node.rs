@@ -1,13 +1,33 @@
 //! One memnode as fsd sees it: its current connections (a [`Link`]), whether it is
-//! up, and the pool of blocks fsd holds there.
+//! reachable, and the pool of blocks fsd holds there.
 //!
-//! A memnode is either up, with a link of some epoch, or down. It goes down when an
-//! operation on it fails for good (the connection broke) or times out, or when its
-//! heartbeat gets no answer: that is logged once, the link is dropped (its
-//! connections close once in-flight operations finish, and the memnode then gives
-//! that client's memory back), and every operation on the node fails at once.
-//! Reconnecting makes a new link of the next epoch under a new client id, with an
-//! empty pool: what the node held before is gone.
+//! A memnode is in one of three states, as a Ceph OSD is "down" long before it is
+//! "out":
+//!
+//! ```text
+//!  up --(connection breaks, op or heartbeat times out)--> unreachable --(same instance
+//!   ^                                                        |     resumes the session)--> up
+//!   |                                                        |
+//!   +---- new epoch <---- lost <---(a new instance answers, the dead time passes, or
+//!                                   an operator says so)
+//! ```
+//!
+//! - **up**: operations go to the link.
+//! - **unreachable**: the link is dropped (its connections close once in-flight
+//!   operations finish) and operations on the node fail at once or wait for it (the
+//!   callers choose: see `RemoteStore`), but its copies still count: nothing is
+//!   dropped or re-replicated because of it. The watch thread reconnects with backoff
+//!   as the same client, presenting the session's secret; a memnode keeps a
+//!   session's memory for its grace period, so when the same instance (the memnode
+//!   id of the Welcome) answers and resumes the session, the node is up again with
+//!   every copy it had, in the same epoch.
+//! - **lost**: the epoch ends and its copies with it (`holds` and `has_copy` say no
+//!   for them from then on): the pool is emptied and the callers re-make copies
+//!   elsewhere. A node becomes lost when it answers as a new instance or without its
+//!   session (it restarted empty, or the grace ran out), when it stays unreachable
+//!   past the dead time ([`LinkConfig::dead_time`]), or when [`Node::declare_lost`] is
+//!   called. The next link of a lost node starts a new session under a new client id
+//!   (`client_id + epoch`), so fsd never resumes memory it has given up on.
 
 use super::placement::Replica;
 use super::pool::BlockPool;
@@ -17,10 +37,11 @@ use crate::affinity;
 use rmemfs_common::control::{self, ControlError, VolumeInfo};
 use rmemfs_common::cpus::process_cpus;
 use rmemfs_common::fabric::{Endpoint, FabricError};
-use rmemfs_common::protocol::NodeStats;
+use rmemfs_common::protocol::{NodeStats, SessionSecret};
 use rmemfs_common::size::format_size;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
 
 /// What opening a link needs.
 pub(super) struct LinkConfig {
@@ -31,6 +52,8 @@ pub(super) struct LinkConfig {
     pub token: Vec<u8>,
     /// The durable volume every link opens (`None`: scratch memory).
     pub volume: Option<VolumeSpec>,
+    /// How long a node may stay unreachable before its copies count as lost.
+    pub dead_time: Duration,
 }
 
 /// Which volume to open on each memnode, and how.
@@ -56,16 +79,36 @@ pub(super) struct Link {
     pub features: u32,
 }
 
+/// Who a link says it is: the client id and its session on the memnode.
+#[derive(Clone, Copy)]
+struct Session {
+    client: u64,
+    secret: SessionSecret,
+}
+
+/// What the memnode said when a link opened.
+struct Opened {
+    link: Link,
+    capacity: u64,
+    /// The session's secret (the memnode's, from the first Hello).
+    secret: SessionSecret,
+    /// The session existed before: the memnode kept its memory.
+    resumed: bool,
+}
+
 impl Link {
-    /// Connects `connections` times and says hello on each; returns the link and the
-    /// capacity the memnode announced.
+    /// Connects `connections` times as `session` and says hello on each (the first
+    /// Hello starts or resumes the session, the others join it).
     fn open(
         name: &str,
         epoch: u32,
+        session: Session,
         cfg: &LinkConfig,
         connector: &Connector,
-    ) -> Result<(Link, u64), RemoteError> {
-        let client_id = cfg.client_id.wrapping_add(epoch as u64);
+    ) -> Result<Opened, RemoteError> {
+        let client_id = session.client;
+        let mut secret = session.secret;
+        let mut resumed = None;
         let mut endpoints = Vec::new();
         let mut capacity = 0;
         let mut node_id = 0;
@@ -75,15 +118,26 @@ impl Link {
                 node: name.to_string(),
                 error,
             })?;
-            let welcome = control::hello(ep.as_ref(), client_id, &cfg.token).map_err(|error| {
-                RemoteError::Control {
+            let welcome = control::hello_in_session(ep.as_ref(), client_id, &cfg.token, secret)
+                .map_err(|error| RemoteError::Control {
                     node: name.to_string(),
                     error,
-                }
-            })?;
+                })?;
+            if node_id != 0 && welcome.node_id != node_id {
+                // Another process answered on the same address between two of our
+                // connections: nothing said on this link can be trusted.
+                return Err(RemoteError::NodeDown {
+                    node: name.to_string(),
+                    reason: "the memnode changed while fsd connected".into(),
+                });
+            }
             capacity = welcome.capacity;
             node_id = welcome.node_id;
             features = welcome.features;
+            if !welcome.session.is_none() {
+                secret = welcome.session;
+            }
+            resumed.get_or_insert(welcome.resumed);
             endpoints.push(ep);
         }
         let volume = match &cfg.volume {
@@ -108,7 +162,12 @@ impl Link {
             volume,
             features,
         };
-        Ok((link, capacity))
+        Ok(Opened {
+            link,
+            capacity,
+            secret,
+            resumed: resumed.unwrap_or(false),
+        })
     }
 
     /// A data connection: an idle one of the caller's CPU when it is pinned to one,
@@ -176,12 +235,16 @@ fn choose(
 }
 
 struct State {
-    /// `None` while down.
+    /// `None` while unreachable.
     link: Option<Arc<Link>>,
-    /// The epoch of the current (or last) link.
+    /// The epoch of the current (or last) link: copies of another epoch are lost.
     epoch: u32,
-    /// Why the node is down, while it is.
-    down: Option<String>,
+    /// While unreachable: why, and since when.
+    away: Option<(String, Instant)>,
+    /// The client id and session this epoch's links use.
+    session: Session,
+    /// The memnode instance whose memory holds this epoch's copies (0: none yet).
+    node_id: u64,
 }
 
 /// The blocks fsd holds on a node, and the epoch they belong to.
@@ -193,10 +256,36 @@ pub(super) struct NodePool {
 /// [`Node::up_epoch`]'s bit for "up" (the epoch is the low 32 bits).
 const UP: u64 = 1 << 32;
 
+/// How a node is doing, for status and metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeState {
+    Up,
+    /// Its copies are kept but out of reach: since how long, and why.
+    Unreachable {
+        for_: Duration,
+        reason: String,
+    },
+    /// Not connected and holding no copies of this fsd (lost, or never reached).
+    Down {
+        reason: String,
+    },
+}
+
+/// Counts of a node's changes of state (for status and metrics).
+#[derive(Debug, Default)]
+pub struct NodeEvents {
+    /// Times it became unreachable.
+    pub unreachable: AtomicU64,
+    /// Times a reconnect resumed its session with every copy.
+    pub resumed: AtomicU64,
+    /// Times its copies were declared lost.
+    pub lost: AtomicU64,
+}
+
 pub(super) struct Node {
     pub name: String,
-    /// Written only by going down and by reconnecting; every operation reads it
-    /// (its link), so readers do not exclude one another.
+    /// Written only by changes of state; every operation reads it (its link), so
+    /// readers do not exclude one another.
     state: RwLock<State>,
     /// The state's epoch, with [`UP`] while up: what [`Node::holds`] asks for each
     /// copy of each block read or written, without taking the state's lock. Changed
@@ -209,6 +298,9 @@ pub(super) struct Node {
     /// The memnode's memory as its last heartbeat answered (for status and metrics:
     /// the heartbeat's Stat costs no extra round trip).
     pub usage: Mutex<Option<NodeStats>>,
+    pub events: NodeEvents,
+    /// The client id of epoch 0 (`LinkConfig::client_id`).
+    base_client: u64,
 }
 
 impl Node {
@@ -218,69 +310,91 @@ impl Node {
         cfg: &LinkConfig,
         connector: &Connector,
     ) -> Result<Node, RemoteError> {
-        let (link, capacity) = Link::open(name, 0, cfg, connector)?;
+        let session = Session {
+            client: cfg.client_id,
+            secret: SessionSecret::NONE,
+        };
+        let opened = Link::open(name, 0, session, cfg, connector)?;
         log::info!(
             "connected to memnode {name} ({} capacity, {} connections)",
-            format_size(capacity),
+            format_size(opened.capacity),
             cfg.connections
         );
-        Ok(Node {
-            name: name.to_string(),
-            state: RwLock::new(State {
-                link: Some(Arc::new(link)),
+        let node_id = opened.link.node_id;
+        Ok(Node::with_state(
+            name,
+            cfg,
+            State {
+                link: Some(Arc::new(opened.link)),
                 epoch: 0,
-                down: None,
-            }),
-            up_epoch: AtomicU64::new(UP),
-            pool: Mutex::new(NodePool {
-                epoch: 0,
-                blocks: BlockPool::new(),
-            }),
-            full: AtomicBool::new(false),
-            refill: Refill::default(),
-            usage: Mutex::new(None),
-        })
+                away: None,
+                session: Session {
+                    secret: opened.secret,
+                    ..session
+                },
+                node_id,
+            },
+        ))
     }
 
-    /// A node that could not be reached: down from the start, reconnected by its
-    /// watch thread when it answers (epoch 1 on).
-    pub fn unreachable(name: &str, reason: String) -> Node {
-        log::error!("memnode {name} is down: {reason}; its copies count as lost");
-        Node {
-            name: name.to_string(),
-            state: RwLock::new(State {
+    /// A node that could not be reached at mount: it holds nothing of this fsd, so
+    /// it starts lost (epoch 0 has no copies) and its watch thread connects it as
+    /// epoch 1 when it answers.
+    pub fn unreachable(name: &str, cfg: &LinkConfig, reason: String) -> Node {
+        log::error!("memnode {name} is unreachable: {reason}; it is used once it answers");
+        Node::with_state(
+            name,
+            cfg,
+            State {
                 link: None,
                 epoch: 0,
-                down: Some(reason),
-            }),
-            up_epoch: AtomicU64::new(0),
+                away: Some((reason, Instant::now())),
+                session: Session {
+                    client: cfg.client_id,
+                    secret: SessionSecret::NONE,
+                },
+                node_id: 0,
+            },
+        )
+    }
+
+    fn with_state(name: &str, cfg: &LinkConfig, state: State) -> Node {
+        let up = if state.link.is_some() { UP } else { 0 };
+        Node {
+            name: name.to_string(),
+            up_epoch: AtomicU64::new(up | state.epoch as u64),
             pool: Mutex::new(NodePool {
-                epoch: 0,
+                epoch: state.epoch,
                 blocks: BlockPool::new(),
             }),
+            state: RwLock::new(state),
             full: AtomicBool::new(false),
             refill: Refill::default(),
             usage: Mutex::new(None),
+            events: NodeEvents::default(),
+            base_client: cfg.client_id,
         }
     }
 
-    /// The link's epoch and memnode id while up.
+    /// The epoch and memnode id whose copies still count (up or unreachable); `None`
+    /// while the node holds no copies of this fsd (it was lost and has not answered
+    /// since).
     pub fn identity(&self) -> Option<(u32, u64)> {
         let s = self.read_state();
-        match (&s.link, &s.down) {
-            (Some(l), None) => Some((l.epoch, l.node_id)),
-            _ => None,
-        }
+        (s.node_id != 0 && s.link.as_ref().is_none_or(|l| l.epoch == s.epoch))
+            .then_some((s.epoch, s.node_id))
     }
 
     /// The current link, or why there is none.
     pub fn link(&self) -> Result<Arc<Link>, RemoteError> {
         let s = self.read_state();
-        match (&s.link, &s.down) {
+        match (&s.link, &s.away) {
             (Some(l), None) => Ok(l.clone()),
-            (_, reason) => Err(RemoteError::NodeDown {
+            (_, away) => Err(RemoteError::NodeDown {
                 node: self.name.clone(),
-                reason: reason.clone().unwrap_or_else(|| "not connected".into()),
+                reason: away
+                    .as_ref()
+                    .map_or_else(|| "not connected".into(), |(r, _)| r.clone()),
             }),
         }
     }
@@ -289,10 +403,35 @@ impl Node {
         self.up_epoch.load(Ordering::Acquire) & UP != 0
     }
 
-    /// True when `r` (a copy on this node) still exists: the node is up and `r` was
-    /// allocated in its current epoch.
+    /// The epoch whose copies count now.
+    pub fn epoch(&self) -> u32 {
+        self.up_epoch.load(Ordering::Acquire) as u32
+    }
+
+    /// True when `r` (a copy on this node) can be reached now: the node is up and
+    /// `r` was allocated in its current epoch.
     pub fn holds(&self, r: &Replica) -> bool {
         self.up_epoch.load(Ordering::Acquire) == UP | r.epoch as u64
+    }
+
+    /// True when `r` still exists, reachable or not: it is of the current epoch.
+    pub fn has_copy(&self, r: &Replica) -> bool {
+        self.epoch() == r.epoch
+    }
+
+    /// Up, or unreachable since when and why.
+    pub fn state(&self) -> NodeState {
+        let s = self.read_state();
+        match &s.away {
+            None => NodeState::Up,
+            Some((reason, _)) if s.node_id == 0 => NodeState::Down {
+                reason: reason.clone(),
+            },
+            Some((reason, since)) => NodeState::Unreachable {
+                for_: since.elapsed(),
+                reason: reason.clone(),
+            },
+        }
     }
 
     fn read_state(&self) -> RwLockReadGuard<'_, State> {
@@ -304,21 +443,22 @@ impl Node {
     }
 
     /// Records a failure of an operation made on the link of `epoch`. A broken
-    /// connection or an operation that got no answer in time puts the node down
-    /// (logged once); other errors (a refused access) leave it up.
+    /// connection or an operation that got no answer in time makes the node
+    /// unreachable (logged once); other errors (a refused access) leave it up.
     pub fn note_failure(&self, epoch: u32, e: &FabricError) {
         if !(e.is_fatal() || matches!(e, FabricError::Timeout { .. })) {
             return;
         }
         let mut s = self.write_state();
-        if s.epoch == epoch && s.down.is_none() {
+        if s.epoch == epoch && s.away.is_none() {
             log::error!(
-                "memnode {} is down: {e}; its copies are lost, reconnecting in the background",
+                "memnode {} is unreachable: {e}; its copies are kept, reconnecting in the background",
                 self.name
             );
-            s.down = Some(e.to_string());
+            s.away = Some((e.to_string(), Instant::now()));
             s.link = None;
             self.up_epoch.store(epoch as u64, Ordering::Release);
+            self.events.unreachable.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -340,41 +480,160 @@ impl Node {
         }
     }
 
-    /// Connects again after the node went down. The new link has the next epoch and
-    /// an empty pool: the memnode gave the old epoch's memory back (or is a new
-    /// process that never had it).
-    pub fn reconnect(&self, cfg: &LinkConfig, connector: &Connector) -> Result<(), RemoteError> {
-        let epoch = self.read_state().epoch.wrapping_add(1);
-        let (link, capacity) = Link::open(&self.name, epoch, cfg, connector)?;
-        {
-            let mut pool = lock(&self.pool);
-            // Not freed: those chunks belonged to the old client id and are gone.
-            pool.blocks.drain();
-            pool.epoch = epoch;
-        }
-        self.full.store(false, Ordering::Relaxed);
-        // The old usage was another process's or another epoch's.
-        *lock(&self.usage) = None;
+    /// Ends the current epoch: its copies are lost (logged with `why`). Does nothing
+    /// when the node is up, or already lost with no link since (`epoch` is not the
+    /// current one). The next link starts a new session under a new client id.
+    pub fn declare_lost(&self, epoch: u32, why: &str) -> bool {
         let mut s = self.write_state();
-        s.link = Some(Arc::new(link));
-        s.epoch = epoch;
-        s.down = None;
-        self.up_epoch.store(UP | epoch as u64, Ordering::Release);
-        log::warn!(
-            "memnode {} is back ({} capacity, epoch {epoch}); it is used for new copies",
-            self.name,
-            format_size(capacity)
+        if s.epoch != epoch || s.away.is_none() || s.node_id == 0 {
+            return false;
+        }
+        self.end_epoch(&mut s, why);
+        true
+    }
+
+    /// Moves `s` to the next epoch, with an empty pool and no node id: the copies of
+    /// the old one are lost.
+    fn end_epoch(&self, s: &mut State, why: &str) {
+        let old = s.epoch;
+        let held = {
+            let mut pool = lock(&self.pool);
+            // Not freed: those chunks are out of reach, or gone.
+            let n = pool.blocks.drain().len();
+            pool.epoch = old.wrapping_add(1);
+            n
+        };
+        s.epoch = old.wrapping_add(1);
+        s.node_id = 0;
+        s.session = Session {
+            client: self.base_client.wrapping_add(s.epoch as u64),
+            secret: SessionSecret::NONE,
+        };
+        if s.link.is_some() {
+            s.link = None;
+            s.away = Some((why.to_string(), Instant::now()));
+        }
+        self.up_epoch.store(s.epoch as u64, Ordering::Release);
+        self.full.store(false, Ordering::Relaxed);
+        *lock(&self.usage) = None;
+        self.events.lost.fetch_add(1, Ordering::Relaxed);
+        log::error!(
+            "memnode {}: {why}; the copies it held ({held} chunks) are lost and are re-made from other copies where there are any",
+            self.name
         );
+    }
+
+    /// While unreachable: declares the node lost once it has been away for the dead
+    /// time. Returns true when it did.
+    pub fn check_dead_time(&self, dead_time: Duration) -> bool {
+        let (epoch, away) = {
+            let s = self.read_state();
+            (s.epoch, s.away.as_ref().map(|(_, since)| since.elapsed()))
+        };
+        match away {
+            Some(d) if d >= dead_time => self.declare_lost(
+                epoch,
+                &format!(
+                    "unreachable for {:.0}s, past the dead time ({:.0}s)",
+                    d.as_secs_f64(),
+                    dead_time.as_secs_f64()
+                ),
+            ),
+            _ => false,
+        }
+    }
+
+    /// Connects again while unreachable, as the current session. The same memnode
+    /// instance resuming the session brings the node back up in the same epoch with
+    /// every copy; any other answer (a new instance, a session the memnode no longer
+    /// has, or a node already lost) starts a new epoch with an empty pool.
+    pub fn reconnect(&self, cfg: &LinkConfig, connector: &Connector) -> Result<(), RemoteError> {
+        let (epoch, session, node_id) = {
+            let s = self.read_state();
+            (s.epoch, s.session, s.node_id)
+        };
+        let opened = Link::open(&self.name, epoch, session, cfg, connector)?;
+        let mut s = self.write_state();
+        if s.epoch != epoch || s.away.is_none() {
+            // Declared lost (or reconnected) meanwhile: the next round starts over.
+            return Err(RemoteError::NodeDown {
+                node: self.name.clone(),
+                reason: "its state changed while reconnecting".into(),
+            });
+        }
+        let away = s
+            .away
+            .as_ref()
+            .map_or(0.0, |(_, t)| t.elapsed().as_secs_f64());
+        let same = node_id != 0 && opened.link.node_id == node_id && opened.resumed;
+        let mut link = opened.link;
+        if !same {
+            if node_id != 0 {
+                let why = if link.node_id != node_id {
+                    format!(
+                        "answered as a new instance ({:#018x}, was {node_id:#018x}): it restarted without its memory",
+                        link.node_id
+                    )
+                } else {
+                    "answered without the session (its grace period ran out)".to_string()
+                };
+                self.end_epoch(&mut s, &why);
+            }
+            // The session the link opened is a fresh one on this instance: it is the
+            // new epoch's.
+            link.epoch = s.epoch;
+            s.node_id = link.node_id;
+            s.session = Session {
+                client: session.client,
+                secret: opened.secret,
+            };
+            {
+                let mut pool = lock(&self.pool);
+                pool.blocks.drain();
+                pool.epoch = s.epoch;
+            }
+        } else {
+            s.session.secret = opened.secret;
+            self.events.resumed.fetch_add(1, Ordering::Relaxed);
+        }
+        let epoch = s.epoch;
+        s.link = Some(Arc::new(link));
+        s.away = None;
+        self.up_epoch.store(UP | epoch as u64, Ordering::Release);
+        self.full.store(false, Ordering::Relaxed);
+        if same {
+            log::warn!(
+                "memnode {} is back after {away:.1}s: its session resumed with every copy it held",
+                self.name
+            );
+        } else {
+            *lock(&self.usage) = None;
+            log::warn!(
+                "memnode {} is back ({} capacity, epoch {epoch}, empty); it is used for new copies",
+                self.name,
+                format_size(opened.capacity)
+            );
+        }
         Ok(())
     }
 
-    /// Asks the node for its statistics (kept in `usage`); a failure to answer puts
-    /// it down.
+    /// Asks the node for its statistics (kept in `usage`); a failure to answer makes
+    /// it unreachable.
     pub fn heartbeat(&self) -> Result<(), RemoteError> {
         let link = self.link()?;
         let stats = control::stat(link.control()).map_err(|e| self.control_error(link.epoch, e))?;
         *lock(&self.usage) = Some(stats);
         Ok(())
+    }
+
+    /// Tells the memnode this fsd is done (clean shutdown), so it gives the scratch
+    /// memory back at once rather than keeping it through the session's grace.
+    pub fn end_session(&self) {
+        if let Ok(link) = self.link() {
+            if let Err(e) = control::session_end(link.control()) {
+                log::debug!("memnode {}: ending the session: {e}", self.name);
+            }
+        }
     }
 }
 

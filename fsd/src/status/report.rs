@@ -281,7 +281,21 @@ impl Report {
         let stale = age > STALE_AFTER;
         let mut problems = Vec::new();
         for m in s.memnodes.iter().filter(|m| !m.up) {
-            problems.push(format!("memnode {} is down", m.name));
+            problems.push(match m.unreachable_secs {
+                Some(secs) => format!(
+                    "memnode {} is unreachable for {secs} s: its {} kept, fsd is reconnecting (lost only past the dead time)",
+                    m.name,
+                    plural(m.copies, "copy is", "copies are")
+                ),
+                None => format!("memnode {} is down", m.name),
+            });
+        }
+        let unreachable = c("blocks_unreachable");
+        if unreachable > 0 {
+            problems.push(format!(
+                "{} every copy on an unreachable memnode (reading them waits for it)",
+                plural(unreachable, "block has", "blocks have")
+            ));
         }
         if degraded > 0 {
             problems.push(format!(
@@ -410,16 +424,20 @@ impl Report {
             .max(7);
         let _ = writeln!(
             o,
-            "  {:<width$}  {:<5}  {:>10}  {:>10}  {:>10}",
+            "  {:<width$}  {:<11}  {:>10}  {:>10}  {:>10}",
             "MEMNODE", "STATE", "USED", "CAPACITY", "COPIES"
         );
         for m in &self.memnodes {
             let size = |v: Option<u64>| v.map_or_else(|| "-".to_string(), format_size);
             let _ = writeln!(
                 o,
-                "  {:<width$}  {:<5}  {:>10}  {:>10}  {:>10}",
+                "  {:<width$}  {:<11}  {:>10}  {:>10}  {:>10}",
                 m.name,
-                if m.up { "up" } else { "DOWN" },
+                match (m.up, m.unreachable_secs) {
+                    (true, _) => "up",
+                    (false, Some(_)) => "UNREACHABLE",
+                    (false, None) => "DOWN",
+                },
                 size(m.used),
                 size(m.capacity),
                 m.copies

@@ -63,6 +63,7 @@ fn a_memnode_down_with_degraded_blocks_shows_the_rereplication_bar() {
         capacity: None,
         used: None,
         held_free: None,
+        unreachable_secs: None,
     });
     set(&mut s, "blocks_degraded", 60);
     set(&mut s, "rereplicated_blocks", 40);

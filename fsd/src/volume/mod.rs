@@ -751,7 +751,25 @@ impl Volume {
         next_seq: u64,
     ) -> Result<(), VolumeError> {
         let mut written = 0;
-        for c in st.copies.clone() {
+        // A copy on an unreachable memnode is waited for only when no other copy can
+        // take the entries: else it misses them, and the next commit is a checkpoint
+        // that puts the metadata where it can be reached (the block copies on that
+        // memnode stay recorded: it is only unreachable).
+        let reachable: Vec<MetaCopy> = st
+            .copies
+            .iter()
+            .filter(|c| self.remote.node_is_up(c.node))
+            .copied()
+            .collect();
+        let targets = if reachable.is_empty() {
+            st.copies.clone()
+        } else {
+            reachable
+        };
+        if targets.len() < st.copies.len() {
+            st.need_checkpoint = true;
+        }
+        for c in targets {
             let at = RemoteAddr {
                 addr: c.log.addr + st.tail,
                 rkey: c.log.rkey,
@@ -848,7 +866,11 @@ impl Volume {
         let want = self.remote.replicas().max(1);
         let mut spares = std::mem::take(&mut st.spares);
         let mut copies = Vec::new();
-        for node in (0..nodes).filter(|&i| members[i].is_some()) {
+        // Memnodes in reach first: an unreachable one is waited for only when too
+        // few others can take a copy.
+        let mut order: Vec<usize> = (0..nodes).filter(|&i| members[i].is_some()).collect();
+        order.sort_by_key(|&i| !self.remote.node_is_up(i));
+        for node in order {
             if copies.len() == want {
                 break;
             }

@@ -23,6 +23,9 @@ fn memnode_of(size: u64) -> memnode::Memnode {
         transport: rmemfs_common::fabric::Transport::Tcp,
         poll: Duration::ZERO,
         lease: memnode::DEFAULT_LEASE,
+        // A dropped fsd (a crash) lets go of the volume at once, as these tests of
+        // crashes expect; the session tests are in memnode and tests/.
+        session_grace: Duration::ZERO,
     })
     .expect("memnode starts")
 }
@@ -77,6 +80,8 @@ fn connect_store(
             token: Vec::new(),
             replicas: 1,
             watch_interval: Duration::from_secs(1),
+            dead_time: Duration::from_secs(600),
+            unreachable_timeout: None,
             volume,
         },
         connect,

@@ -1,0 +1,247 @@
+//! A blip is not a loss: an fsd whose connections to a memnode are reset, or whose
+//! memnode stalls past `--op-timeout`, finds it unreachable, reconnects as the same
+//! session and goes on with every copy it had. Nothing is lost, nothing is re-made,
+//! and a durable volume's metadata records nothing of it: every file reads back
+//! exact on the live mount and after a remount, and fsck finds no lost block.
+//!
+//! Connection resets go through a fault proxy between fsd and the memnode
+//! ([`FaultProxy`], tcp only: it forwards TCP streams); a stall is a SIGSTOP of the
+//! memnode for longer than fsd's op timeout, which runs on both fabrics.
+
+use rmemfs_tests::fault_proxy::FaultProxy;
+use rmemfs_tests::{heavy_test, volume, within, FsdMount, MemnodeProc, Pattern, StatsFile, MIB};
+use std::path::Path;
+use std::time::Duration;
+
+/// fsd's op timeout in these tests: a stall longer than this makes the memnode
+/// unreachable.
+const OP_TIMEOUT: &str = "2";
+/// How long a test waits for anything that should happen in a few seconds.
+const LIMIT: Duration = Duration::from_secs(120);
+const CACHE: u64 = 16 * MIB;
+/// The memnodes keep a cut-off fsd's session this long (far past any fault here).
+const GRACE: &[&str] = &["--session-grace", "60"];
+const FILE: u64 = 48 * MIB;
+
+/// fsd's arguments for these tests, with `extra` after them.
+fn fsd_args<'a>(stats: &'a StatsFile, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "--cache",
+        "16M",
+        "--op-timeout",
+        OP_TIMEOUT,
+        "--stats-file",
+        stats.arg(),
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
+/// `--memnode ADDR` for each address, then `rest`.
+fn with_memnodes<'a>(addrs: &'a [String], rest: &[&'a str]) -> Vec<&'a str> {
+    let mut all = Vec::new();
+    for a in addrs {
+        all.extend(["--memnode", a.as_str()]);
+    }
+    all.extend_from_slice(rest);
+    all
+}
+
+/// Writes and syncs the test file, then pushes it out of fsd's cache so that reading
+/// it goes to the memnodes.
+fn write_file_to_remote(fsd: &FsdMount, pattern: &Pattern) {
+    pattern.write_file(&fsd.join("data"), FILE);
+    fsd.push_out_of_cache(CACHE, 64 * 1024);
+}
+
+/// Reads the whole file back (around the kernel's cache), bounded in time.
+fn verify_within(path: &Path, pattern: &Pattern, what: &str) {
+    let (path, pattern) = (path.to_path_buf(), *pattern);
+    within(LIMIT, what, move || pattern.verify_file(&path, FILE));
+}
+
+/// Asserts fsd saw the memnode(s) unreachable and resumed, and lost nothing.
+fn assert_resumed_losing_nothing(stats: &StatsFile, fsd: &FsdMount, what: &str) {
+    let s = stats.wait_for(LIMIT, "every memnode back up", |s| {
+        s.value("nodes_down") == 0 && s.value("memnode_sessions_resumed") >= 1
+    });
+    println!("{what}: stats {s}");
+    assert!(
+        s.value("memnode_unreachable_events") >= 1,
+        "{what}: fsd should have seen a memnode unreachable; stats {s}"
+    );
+    assert_eq!(
+        s.value("memnode_losses"),
+        0,
+        "{what}: no memnode's copies may count as lost; stats {s}"
+    );
+    assert_eq!(s.value("blocks_lost"), 0, "{what}: stats {s}");
+    assert_eq!(
+        s.value("rereplicated_blocks"),
+        0,
+        "{what}: a blip must start no re-replication; stats {s}"
+    );
+    let stderr = fsd.stderr();
+    assert!(
+        !stderr.contains("are lost"),
+        "{what}: fsd must not log a loss; stderr:\n{stderr}"
+    );
+}
+
+#[test]
+fn scratch_memory_survives_a_reset_of_every_connection() {
+    let _serial = heavy_test();
+    let pattern = Pattern::for_test("scratch reset");
+    let memnode = MemnodeProc::start_on(rmemfs_tests::Transport::Tcp, "256M", GRACE);
+    let proxy = FaultProxy::start(memnode.addr());
+    let stats = StatsFile::new();
+    let addrs = [proxy.addr()];
+    let args = with_memnodes(&addrs, &fsd_args(&stats, &[]));
+    let fsd = FsdMount::start_on(rmemfs_tests::Transport::Tcp, &args);
+    write_file_to_remote(&fsd, &pattern);
+    let used = memnode.stats().used;
+    assert!(
+        used >= FILE,
+        "the file lives on the memnode ({used} bytes used)"
+    );
+
+    let reset = proxy.reset_all();
+    println!("reset {reset} connections between fsd and the memnode");
+    assert!(reset > 0, "fsd had connections open through the proxy");
+    verify_within(
+        &fsd.join("data"),
+        &pattern,
+        "reading the file after the reset",
+    );
+    assert_resumed_losing_nothing(&stats, &fsd, "after a reset");
+    assert_eq!(
+        memnode.stats().used,
+        used,
+        "the memnode still holds the same memory for fsd: nothing reclaimed, nothing re-made"
+    );
+
+    // A writer that runs across more resets loses nothing it was told was written.
+    let other = pattern.derive(1);
+    let path = fsd.join("written-across-resets");
+    let writer = {
+        let (other, path) = (other, path.clone());
+        std::thread::spawn(move || other.write_file(&path, FILE))
+    };
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(300));
+        proxy.reset_all();
+    }
+    within(LIMIT, "the writer across resets", move || writer.join())
+        .expect("the writer across resets must finish without an error");
+    fsd.push_out_of_cache(CACHE, 64 * 1024);
+    let p = path.clone();
+    within(
+        LIMIT,
+        "verifying the file written across resets",
+        move || other.verify_file(&p, FILE),
+    );
+    verify_within(&fsd.join("data"), &pattern, "the first file again");
+    fsd.unmount();
+    // A clean unmount ends the session: the memnode gives the memory back at once,
+    // not after its grace period.
+    rmemfs_tests::poll_until(Duration::from_secs(10), || {
+        (memnode.stats().used == 0).then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "after a clean unmount the memnode should reclaim fsd's memory at once, \
+             but {} bytes are still used",
+            memnode.stats().used
+        )
+    });
+}
+
+#[test]
+fn a_memnode_stalled_past_the_op_timeout_is_waited_for_and_resumed() {
+    let _serial = heavy_test();
+    let pattern = Pattern::for_test("scratch stall");
+    let memnode = MemnodeProc::start_with("256M", GRACE);
+    let stats = StatsFile::new();
+    let fsd = FsdMount::with_memnode(&memnode, &fsd_args(&stats, &[]));
+    write_file_to_remote(&fsd, &pattern);
+    memnode.freeze();
+    // A reader while the memnode is stopped: it waits (a hard mount) rather than
+    // failing, and gets every byte once the memnode continues.
+    let reader = {
+        let (path, pattern) = (fsd.join("data"), pattern);
+        std::thread::spawn(move || pattern.verify_file(&path, FILE))
+    };
+    std::thread::sleep(Duration::from_secs(6));
+    let s = stats.current();
+    println!("while stopped: {s}");
+    memnode.thaw();
+    within(LIMIT, "the reader across the stall", move || reader.join())
+        .expect("the reader across the stall must get every byte");
+    assert!(
+        s.value("nodes_down") == 1,
+        "a memnode stopped past --op-timeout {OP_TIMEOUT} counts as unreachable; stats {s}"
+    );
+    assert_resumed_losing_nothing(&stats, &fsd, "after a stall");
+    verify_within(
+        &fsd.join("data"),
+        &pattern,
+        "reading the file after the stall",
+    );
+    fsd.unmount();
+}
+
+/// A volume with `replicas` copies over one memnode per copy, each behind a proxy:
+/// every connection reset at once (a flap of fsd's own network), then the file is
+/// read back on the live mount and after a remount, and fsck finds nothing lost.
+fn volume_survives_a_reset_of_every_connection(replicas: usize) {
+    let _serial = heavy_test();
+    let pattern = Pattern::for_test(&format!("volume reset R={replicas}"));
+    let memnodes: Vec<MemnodeProc> = (0..replicas)
+        .map(|_| MemnodeProc::start_on(rmemfs_tests::Transport::Tcp, "512M", GRACE))
+        .collect();
+    let proxies: Vec<FaultProxy> = memnodes
+        .iter()
+        .map(|m| FaultProxy::start(m.addr()))
+        .collect();
+    let addrs: Vec<String> = proxies.iter().map(FaultProxy::addr).collect();
+    let r = replicas.to_string();
+    let stats = StatsFile::new();
+    let args = with_memnodes(
+        &addrs,
+        &fsd_args(&stats, &["--volume", "v", "--replicas", &r]),
+    );
+    let fsd = FsdMount::start_on(rmemfs_tests::Transport::Tcp, &args);
+    write_file_to_remote(&fsd, &pattern);
+    let reset: usize = proxies.iter().map(FaultProxy::reset_all).sum();
+    println!("reset {reset} connections");
+    verify_within(&fsd.join("data"), &pattern, "reading on the live mount");
+    assert_resumed_losing_nothing(&stats, &fsd, "volume after a reset");
+    // A file made after the reset is durable too (the log goes on).
+    pattern.derive(2).write_file(&fsd.join("after"), MIB);
+    fsd.unmount();
+
+    let refs: Vec<&MemnodeProc> = memnodes.iter().collect();
+    let counts = volume::assert_fsck_clean("v", &refs, "after the reset and an unmount");
+    assert_eq!(
+        counts.lost_blocks, 0,
+        "no block of the volume may be lost to a reset: {counts:?}"
+    );
+    let stats = StatsFile::new();
+    let fsd = FsdMount::with_memnodes(
+        &refs,
+        &fsd_args(&stats, &["--volume", "v", "--replicas", &r]),
+    );
+    verify_within(&fsd.join("data"), &pattern, "reading after the remount");
+    pattern.derive(2).verify_file(&fsd.join("after"), MIB);
+    fsd.unmount();
+}
+
+#[test]
+fn a_volume_with_one_copy_survives_a_reset_of_every_connection() {
+    volume_survives_a_reset_of_every_connection(1);
+}
+
+#[test]
+fn a_volume_with_two_copies_survives_a_reset_of_every_connection() {
+    volume_survives_a_reset_of_every_connection(2);
+}
