@@ -217,12 +217,29 @@ pub fn volume_open(
 
 /// Every chunk of the held volume except the root, paging with VolumeChunks.
 pub fn volume_chunks(ep: &dyn Endpoint) -> Result<Vec<Allocation>, ControlError> {
+    chunk_pages(ep, "VolumeChunks", |after| Request::VolumeChunks { after })
+}
+
+/// The caller's scratch chunks (those of its session), in address order: after a
+/// reconnect, the chunks whose Alloc reply was lost with the connection show here.
+pub fn session_chunks(ep: &dyn Endpoint) -> Result<Vec<Allocation>, ControlError> {
+    chunk_pages(ep, "SessionChunks", |after| Request::SessionChunks {
+        after,
+    })
+}
+
+/// Every page of a chunk listing, asked for with `ask(after)`.
+fn chunk_pages(
+    ep: &dyn Endpoint,
+    what: &'static str,
+    ask: impl Fn(u64) -> Request,
+) -> Result<Vec<Allocation>, ControlError> {
     let mut all = Vec::new();
     let mut after = 0u64;
     loop {
-        let (chunks, more) = match call(ep, &Request::VolumeChunks { after })? {
+        let (chunks, more) = match call(ep, &ask(after))? {
             Response::ChunkList { chunks, more } => (chunks, more),
-            other => return Err(unexpected("VolumeChunks", other)),
+            other => return Err(unexpected(what, other)),
         };
         // Pages come in address order, each after the last: anything else would
         // loop or repeat, so it is refused.
@@ -230,7 +247,7 @@ pub fn volume_chunks(ep: &dyn Endpoint) -> Result<Vec<Allocation>, ControlError>
         for c in &chunks {
             if c.addr <= last {
                 return Err(ControlError::Unexpected {
-                    request: "VolumeChunks",
+                    request: what,
                     reply: format!("chunk {:#x} out of order after {last:#x}", c.addr),
                 });
             }
@@ -242,7 +259,7 @@ pub fn volume_chunks(ep: &dyn Endpoint) -> Result<Vec<Allocation>, ControlError>
         }
         if last == after {
             return Err(ControlError::Unexpected {
-                request: "VolumeChunks",
+                request: what,
                 reply: "an empty page that says more follow".into(),
             });
         }

@@ -138,6 +138,9 @@ pub enum Request {
     /// [`MAX_COPY_SPANS`] spans and [`MAX_COPY_BYTES`] bytes; all are checked before
     /// any is copied. Only where `Welcome::features` has [`FEATURE_COPY`].
     Copy { spans: Vec<CopySpan> },
+    /// The caller's scratch chunks with `addr > after` (a `ChunkList`): what its
+    /// session holds, to find chunks whose Alloc reply a broken connection lost.
+    SessionChunks { after: u64 },
     /// The client is done with its session (a clean shutdown): when its last
     /// connection closes, its scratch memory is reclaimed at once instead of being
     /// kept through the grace period for a reconnect.
@@ -330,6 +333,7 @@ const K_VOLUME_LIST: u16 = 0x0008;
 const K_VOLUME_DESTROY: u16 = 0x0009;
 const K_COPY: u16 = 0x000a;
 const K_SESSION_END: u16 = 0x000b;
+const K_SESSION_CHUNKS: u16 = 0x000c;
 const K_WELCOME: u16 = 0x8001;
 const K_ALLOCATED: u16 = 0x8002;
 const K_FREED: u16 = 0x8003;
@@ -578,6 +582,10 @@ impl Request {
                 K_COPY
             }
             Request::SessionEnd => K_SESSION_END,
+            Request::SessionChunks { after } => {
+                body.extend_from_slice(&after.to_le_bytes());
+                K_SESSION_CHUNKS
+            }
         };
         frame(kind, &body)
     }
@@ -598,6 +606,7 @@ impl Request {
                 },
             },
             K_SESSION_END => Request::SessionEnd,
+            K_SESSION_CHUNKS => Request::SessionChunks { after: r.u64()? },
             K_ALLOC => Request::Alloc { bytes: r.u64()? },
             K_FREE => Request::Free {
                 addr: r.u64()?,

@@ -16,6 +16,7 @@ fn all_requests() -> Vec<Request> {
             session: SessionSecret::NONE,
         },
         Request::SessionEnd,
+        Request::SessionChunks { after: 1 << 30 },
         Request::Alloc { bytes: 64 << 20 },
         Request::Free {
             addr: 1 << 40,

@@ -622,8 +622,9 @@ fn connect_waiting_for_volume(
 ) -> Result<RemoteStore, crate::remote::RemoteError> {
     let deadline = std::time::Instant::now() + VOLUME_BUSY_PATIENCE;
     let mut said = false;
+    let mut attempt = config.clone();
     loop {
-        match RemoteStore::connect(memnodes, config, connector.clone()) {
+        match RemoteStore::connect(memnodes, &attempt, connector.clone()) {
             Err(crate::remote::RemoteError::Control { node, error })
                 if error.is_busy() && std::time::Instant::now() < deadline =>
             {
@@ -635,6 +636,9 @@ fn connect_waiting_for_volume(
                     );
                 }
                 std::thread::sleep(Duration::from_millis(100));
+                // The refused attempt's session may still be on the memnode for a
+                // moment: the next one is a client of its own.
+                attempt.client_id = rmemfs_common::control::random_id();
             }
             r => return r,
         }

@@ -168,8 +168,10 @@ impl StatusWriter {
         &self.path
     }
 
-    /// Replaces the file with the status of `fs` now.
+    /// Replaces the file with the status of `fs` now, after carrying out a request
+    /// to declare memnodes lost that `rmemfs declare-lost` left beside it.
     pub fn write(&mut self, fs: &RmemFs) {
+        take_declare_lost(&declare_lost_path(&self.path), fs);
         let status = StatusFile::of(fs, &self.info);
         match crate::stats::replace_file(&self.path, status.to_json().as_bytes()) {
             Ok(()) => self.failing = false,
@@ -178,6 +180,35 @@ impl StatusWriter {
                 log::warn!("cannot write status to {}: {e}", self.path.display());
             }
             Err(_) => {}
+        }
+    }
+}
+
+/// Where `rmemfs declare-lost` asks the fsd whose status file is `status` to declare
+/// memnodes lost: a file beside it, of memnode names (as on fsd's command line), one
+/// a line. Only who may write the runtime directory (root, for a root fsd) can ask.
+pub fn declare_lost_path(status: &Path) -> PathBuf {
+    let mut p = status.as_os_str().to_owned();
+    p.push(".declare-lost");
+    PathBuf::from(p)
+}
+
+/// Carries out (and removes) a declare-lost request at `path`, if there is one: each
+/// memnode named that is unreachable now has its copies declared lost (they are
+/// re-made from other copies); one that is up, or not fsd's, is left alone (logged).
+fn take_declare_lost(path: &Path, fs: &RmemFs) {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return;
+    };
+    let _ = std::fs::remove_file(path);
+    let remote = fs.remote();
+    for name in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        match (0..remote.node_count()).find(|&i| remote.node_name(i) == name) {
+            None => log::warn!("declare-lost: {name:?} is not one of this fsd's memnodes"),
+            Some(i) if remote.declare_lost(i) => {
+                log::warn!("declare-lost: memnode {name} declared lost by the operator")
+            }
+            Some(_) => log::warn!("declare-lost: memnode {name} is not unreachable: left alone"),
         }
     }
 }

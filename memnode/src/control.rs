@@ -44,7 +44,7 @@
 
 use crate::allocator::{AllocError, Owner};
 use crate::counters::ControlCounters;
-use crate::pool::{ChunkPool, PoolError};
+use crate::pool::{Chunk, ChunkPool, PoolError};
 use crate::volumes::{Holder, OpenPlan, TakeoverReason, VolumeError, VolumeTable};
 use rmemfs_common::fabric::{ConnectionState, ControlHandler, ControlReply};
 use rmemfs_common::protocol::{
@@ -350,6 +350,13 @@ impl ControlService {
                 Ok(bytes) => Response::Copied { bytes },
                 Err(e) => Response::error(pool_error_code(&e), e.to_string()),
             },
+            Request::SessionChunks { after } => {
+                let (chunks, more) = self.pool.scratch_after(client, after, MAX_CHUNKS_PER_REPLY);
+                Response::ChunkList {
+                    chunks: chunks.into_iter().map(Chunk::to_wire).collect(),
+                    more,
+                }
+            }
             Request::SessionEnd => {
                 if let Some(s) = self.clients().get_mut(&client) {
                     s.ending = true;
@@ -816,7 +823,7 @@ impl ControlService {
     /// unreachable until the next open). The caller holds `clients` and has removed
     /// the session, so a new session of the same client id never loses a chunk it
     /// allocates anew.
-    fn end_session(&self, client: u64) -> Vec<crate::pool::Chunk> {
+    fn end_session(&self, client: u64) -> Vec<Chunk> {
         let revoked = self.pool.revoke_all_of(client);
         if let Some((name, rkeys)) = self.volumes().client_gone(client) {
             for rkey in &rkeys {
@@ -834,7 +841,7 @@ impl ControlService {
 
     /// Zeroes and frees the revoked chunks of an ended session (outside `clients`:
     /// zeroing takes time).
-    fn reclaim(&self, client: u64, revoked: &[crate::pool::Chunk], how: &str) {
+    fn reclaim(&self, client: u64, revoked: &[Chunk], how: &str) {
         let bytes = self.pool.release_revoked(revoked);
         log::info!(
             "client {client:#x} gone ({how}): reclaimed {} chunks, {}",

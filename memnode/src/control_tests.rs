@@ -528,6 +528,15 @@ fn an_idle_session_keeps_its_memory_through_the_grace_period_and_resumes() {
     assert!(welcomed(&resp).1, "the reconnect resumed the session");
     assert_eq!(s.idle_sessions(), 0);
     assert_eq!(s.counters.sessions_resumed.load(Ordering::Relaxed), 1);
+    // Its session lists it (a client whose Alloc reply was lost finds it so).
+    let (resp, _) = ask(&s, &mut back, &Request::SessionChunks { after: 0 });
+    assert_eq!(
+        resp,
+        Response::ChunkList {
+            chunks: vec![chunk],
+            more: false
+        }
+    );
     // The chunk is still the client's: it frees it.
     let (resp, _) = ask(
         &s,

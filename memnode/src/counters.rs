@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The `request` label values, in [`ControlCounters::requests`]' order; `malformed`
 /// counts frames that did not decode.
-pub const REQUEST_KINDS: [&str; 12] = [
+pub const REQUEST_KINDS: [&str; 13] = [
     "hello",
     "alloc",
     "free",
@@ -21,6 +21,7 @@ pub const REQUEST_KINDS: [&str; 12] = [
     "malformed",
     "copy",
     "session_end",
+    "session_chunks",
 ];
 
 /// The `reason` label values, in [`ControlCounters::refusals`]' order; `other` is a
@@ -63,6 +64,7 @@ fn kind_index(req: Option<&Request>) -> usize {
         None => 9,
         Some(Request::Copy { .. }) => 10,
         Some(Request::SessionEnd) => 11,
+        Some(Request::SessionChunks { .. }) => 12,
     }
 }
 

@@ -277,6 +277,20 @@ impl ChunkPool {
     }
 
     /// True when `client` has a scratch chunk.
+    /// Up to `max` scratch chunks of `client` with `addr > after`, in address order,
+    /// and whether more follow.
+    pub fn scratch_after(&self, client: u64, after: u64, max: usize) -> (Vec<Chunk>, bool) {
+        let mut mine: Vec<Chunk> = lock(&self.chunks)
+            .values()
+            .filter(|c| c.owner == Owner::Client(client) && c.addr > after)
+            .copied()
+            .collect();
+        mine.sort_unstable_by_key(|c| c.addr);
+        let more = mine.len() > max;
+        mine.truncate(max);
+        (mine, more)
+    }
+
     pub fn has_scratch(&self, client: u64) -> bool {
         lock(&self.chunks)
             .values()

@@ -97,6 +97,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Declare an unreachable memnode of a running mount lost now, instead of at its
+    /// fsd's --dead-time: its copies are re-made from other copies (blocks with no
+    /// other copy read as EIO), and operations waiting for it stop waiting. A memnode
+    /// that is up is left alone. Exit 0 when fsd declared it lost.
+    DeclareLost {
+        /// Where the filesystem is mounted.
+        mountpoint: PathBuf,
+        /// The memnode, HOST:PORT as on fsd's command line.
+        memnode: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -238,6 +248,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
         } => fsck(&name, &remote, block_size, json),
         Command::Status { mountpoint, json } => status(&mountpoint, json),
+        Command::DeclareLost {
+            mountpoint,
+            memnode,
+        } => declare_lost(&mountpoint, &memnode),
     }
 }
 
@@ -254,6 +268,61 @@ fn status(mountpoint: &Path, json: bool) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// How long `rmemfs declare-lost` waits for fsd to take its request (fsd looks once
+/// a second).
+const DECLARE_LOST_WAIT: Duration = Duration::from_secs(10);
+
+fn declare_lost(mountpoint: &Path, memnode: &str) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    let found = report::locate(mountpoint)?;
+    let Some(entry) = found.status.memnodes.iter().find(|m| m.name == memnode) else {
+        let names: Vec<&str> = found
+            .status
+            .memnodes
+            .iter()
+            .map(|m| m.name.as_str())
+            .collect();
+        anyhow::bail!(
+            "{memnode} is not a memnode of the mount on {} (its memnodes: {})",
+            mountpoint.display(),
+            names.join(", ")
+        );
+    };
+    if entry.unreachable_secs.is_none() {
+        println!(
+            "memnode {memnode} is {}: nothing to declare",
+            if entry.up { "up" } else { "already lost" }
+        );
+        return Ok(ExitCode::from(1));
+    }
+    let request = fsd::status::declare_lost_path(&found.file);
+    std::fs::write(&request, format!("{memnode}\n"))
+        .with_context(|| format!("writing the request {}", request.display()))?;
+    let deadline = std::time::Instant::now() + DECLARE_LOST_WAIT;
+    while request.exists() {
+        if std::time::Instant::now() >= deadline {
+            let _ = std::fs::remove_file(&request);
+            anyhow::bail!("fsd did not take the request within {DECLARE_LOST_WAIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The status written after the request says what became of it.
+    std::thread::sleep(Duration::from_millis(1200));
+    let after = report::locate(mountpoint)?;
+    let now = after.status.memnodes.iter().find(|m| m.name == memnode);
+    match now {
+        Some(m) if !m.up && m.unreachable_secs.is_none() => {
+            println!("memnode {memnode} declared lost: its copies are re-made from other copies");
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(m) if m.up => {
+            println!("memnode {memnode} came back before fsd took the request: nothing was lost");
+            Ok(ExitCode::from(1))
+        }
+        _ => anyhow::bail!("fsd took the request but memnode {memnode} is still unreachable"),
+    }
 }
 
 fn fsck(name: &str, r: &Remote, block_size: u64, json: bool) -> anyhow::Result<ExitCode> {

@@ -150,6 +150,7 @@ pub struct NodeUsage {
 }
 
 /// Settings for [`RemoteStore::connect`].
+#[derive(Clone)]
 pub struct RemoteConfig {
     pub block_size: u64,
     /// Preferred chunk size; smaller chunks are tried when a node is nearly full.
@@ -438,7 +439,63 @@ impl RemoteStore {
     /// Allocates a new block's first `bytes` (rounded up to whole pages, at most a
     /// block): copies on as many distinct nodes as [`RemoteStore::copies_possible`].
     /// Fewer nodes with room is `NoSpace`.
+    ///
+    /// An allocation that fails while memnodes it could use are unreachable (or one
+    /// became so during it: a connection broken under an Alloc) waits for them as an
+    /// operation with no copy in reach does, then tries again.
     pub fn alloc_block(&self, bytes: u64) -> Result<BlockLoc, RemoteError> {
+        let since = Instant::now();
+        loop {
+            let before = self.unreachable_events();
+            let r = self.try_alloc_block(bytes);
+            let cut_off = self.unreachable_events() != before;
+            match r {
+                Err(_) if (cut_off || self.any_unreachable()) && self.await_unreachable(since) => {
+                    continue
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Times any node became unreachable.
+    fn unreachable_events(&self) -> u64 {
+        self.nodes
+            .iter()
+            .map(|n| n.events.unreachable.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// True when some node is unreachable (its copies kept, not lost).
+    fn any_unreachable(&self) -> bool {
+        self.nodes
+            .iter()
+            .any(|n| matches!(n.state(), NodeState::Unreachable { .. }))
+    }
+
+    /// Waits until no node is unreachable (each is up or lost): true then (at once
+    /// when none is); false after the unreachable timeout (from `since`) or when fsd
+    /// stops.
+    fn await_unreachable(&self, since: Instant) -> bool {
+        let mut waited = false;
+        while self.any_unreachable() {
+            if self
+                .unreachable_timeout
+                .is_some_and(|t| since.elapsed() >= t)
+                || self.stopping()
+            {
+                return false;
+            }
+            waited = true;
+            std::thread::sleep(WAIT_STEP);
+        }
+        if waited {
+            self.counters.ops_retried.fetch_add(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    fn try_alloc_block(&self, bytes: u64) -> Result<BlockLoc, RemoteError> {
         let mut loc = BlockLoc::new(pages_for(bytes).min(self.block_size));
         let want = self.copies_possible();
         if want == 0 {

@@ -146,9 +146,13 @@ impl Link {
                 let takeover = v.takeover && epoch == 0;
                 let control = endpoints[endpoints.len() - 1].as_ref();
                 let info = control::volume_open(control, &v.name, v.create, takeover).map_err(
-                    |error| RemoteError::Control {
-                        node: name.to_string(),
-                        error,
+                    |error| {
+                        // Nothing of this session is worth keeping for a reconnect.
+                        let _ = control::session_end(control);
+                        RemoteError::Control {
+                            node: name.to_string(),
+                            error,
+                        }
                     },
                 )?;
                 Some(info)
@@ -595,12 +599,18 @@ impl Node {
         } else {
             s.session.secret = opened.secret;
             self.events.resumed.fetch_add(1, Ordering::Relaxed);
+            // Before the link is published, so no allocation of fsd's own can be
+            // under way on it.
+            if cfg.volume.is_none() {
+                self.free_orphan_chunks(&link);
+            }
         }
         let epoch = s.epoch;
         s.link = Some(Arc::new(link));
         s.away = None;
         self.up_epoch.store(UP | epoch as u64, Ordering::Release);
         self.full.store(false, Ordering::Relaxed);
+        drop(s);
         if same {
             log::warn!(
                 "memnode {} is back after {away:.1}s: its session resumed with every copy it held",
@@ -615,6 +625,37 @@ impl Node {
             );
         }
         Ok(())
+    }
+
+    /// Gives back the scratch chunks the resumed session holds that the pool does not
+    /// know: an Alloc the memnode served while the connection broke, whose reply
+    /// never came. (A volume's such chunk is found unreferenced at its next mount.)
+    fn free_orphan_chunks(&self, link: &Link) {
+        let chunks = match control::session_chunks(link.control()) {
+            Ok(c) => c,
+            Err(e) => {
+                log::warn!("memnode {}: listing the session's chunks: {e}", self.name);
+                return;
+            }
+        };
+        let orphans: Vec<_> = {
+            let pool = lock(&self.pool);
+            chunks
+                .into_iter()
+                .filter(|c| !pool.blocks.has_chunk(c.addr))
+                .collect()
+        };
+        for c in &orphans {
+            match control::free(link.control(), c.addr, c.rkey) {
+                Ok(()) => log::info!(
+                    "memnode {}: gave back chunk {:#x} ({}), allocated while the connection broke",
+                    self.name,
+                    c.addr,
+                    format_size(c.len)
+                ),
+                Err(e) => log::warn!("memnode {}: freeing chunk {:#x}: {e}", self.name, c.addr),
+            }
+        }
     }
 
     /// Asks the node for its statistics (kept in `usage`); a failure to answer makes

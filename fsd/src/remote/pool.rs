@@ -97,6 +97,11 @@ impl BlockPool {
     }
 
     /// Adds a freshly allocated chunk; all of it becomes free.
+    /// True when the chunk starting at `addr` is one of this pool's.
+    pub fn has_chunk(&self, addr: u64) -> bool {
+        self.chunks.contains_key(&addr)
+    }
+
     pub fn add_chunk(&mut self, alloc: Allocation) {
         self.add_chunk_in_use(alloc, &BTreeMap::new());
     }

@@ -871,7 +871,7 @@ impl Volume {
         let mut order: Vec<usize> = (0..nodes).filter(|&i| members[i].is_some()).collect();
         order.sort_by_key(|&i| !self.remote.node_is_up(i));
         for node in order {
-            if copies.len() == want {
+            if copies.len() == want || (!copies.is_empty() && !self.remote.node_is_up(node)) {
                 break;
             }
             let mut spare = spares

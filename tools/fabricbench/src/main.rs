@@ -133,10 +133,12 @@ impl Options {
     }
 }
 
-/// One connection to the memnode as this client, greeted.
+/// Connections to the memnode as this client, greeted: the first starts the
+/// client's session, the others join it with its secret.
 struct Client<'a> {
     opts: &'a Options,
     id: u64,
+    session: std::sync::Mutex<rmemfs_common::protocol::SessionSecret>,
 }
 
 impl Client<'_> {
@@ -150,8 +152,10 @@ impl Client<'_> {
             poll,
         )?;
         let token = self.opts.token.as_deref().unwrap_or("").as_bytes();
-        control::hello(ep.as_ref(), self.id, token)
+        let mut session = self.session.lock().unwrap_or_else(|e| e.into_inner());
+        let welcome = control::hello_in_session(ep.as_ref(), self.id, token, *session)
             .with_context(|| format!("memnode {} refused hello", self.opts.memnode))?;
+        *session = welcome.session;
         Ok(ep)
     }
 }
@@ -271,6 +275,7 @@ fn run(opts: &Options) -> anyhow::Result<()> {
     let client = Client {
         opts,
         id: control::random_id(),
+        session: Default::default(),
     };
     let control_ep = client.connect()?;
     let Allocation { addr, len, rkey } = control::alloc(control_ep.as_ref(), opts.size)
