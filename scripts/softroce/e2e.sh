@@ -13,7 +13,8 @@
 #                     rxe0), useful while the verbs backend is not there.
 #   --tests LIST      rmemfs-tests binaries to run, comma-separated (default
 #                     round_trip,full_remote_memory,posix,remote_memory_reclaim,remote_traffic, two
-#                     tests of replication, fabricbench, two tests of volumes, volumes_damage and
+#                     tests of replication, a memnode stalled past the op timeout and
+#                     resumed (an rdma_cm disconnect and reconnect), fabricbench, two tests of volumes, volumes_damage and
 #                     integrity (page checksums, read repair and scrubbing over verbs);
 #                     the 10,000-file tree and fsx of volumes take 390 s and 215 s in the guest,
 #                     so they run there only when named). NAME:FILTER runs only the tests of binary
@@ -43,7 +44,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/lib.sh"
 
 transport=verbs
-tests=round_trip,full_remote_memory,posix,remote_memory_reclaim,remote_traffic,replication:two_replicas_survive,replication:one_replica_losing,fabricbench,volumes:second_fsd_is_refused_and_takeover_fences,volumes:rmemfs_volume_list_and_destroy,volumes_damage,integrity
+tests=round_trip,full_remote_memory,posix,remote_memory_reclaim,remote_traffic,replication:two_replicas_survive,replication:one_replica_losing,transient_faults:stalled,fabricbench,volumes:second_fsd_is_refused_and_takeover_fences,volumes:rmemfs_volume_list_and_destroy,volumes_damage,integrity
 timeout_s=720
 mem=2048
 smp=2

@@ -245,3 +245,61 @@ fn a_volume_with_one_copy_survives_a_reset_of_every_connection() {
 fn a_volume_with_two_copies_survives_a_reset_of_every_connection() {
     volume_survives_a_reset_of_every_connection(2);
 }
+
+/// An operator who knows a memnode will not come back says so: `rmemfs status` showed
+/// it UNREACHABLE with its copies kept; `rmemfs declare-lost` makes them lost at once
+/// (a read of data only it held fails with EIO instead of waiting for the dead time),
+/// and status shows it DOWN. tcp only: a stopped memnode stalls its data path only
+/// when its process serves it.
+#[test]
+fn an_operator_declares_an_unreachable_memnode_lost() {
+    let _serial = heavy_test();
+    let pattern = Pattern::for_test("declare lost");
+    let memnode = MemnodeProc::start_on(rmemfs_tests::Transport::Tcp, "256M", GRACE);
+    let stats = StatsFile::new();
+    let fsd = FsdMount::with_memnode(&memnode, &fsd_args(&stats, &[]));
+    write_file_to_remote(&fsd, &pattern);
+    memnode.freeze();
+    stats.wait_for(LIMIT, "the memnode unreachable", |s| {
+        s.value("nodes_down") == 1
+    });
+    // The status file is rewritten once a second: wait for one written since.
+    let shows = |what: &str, want: &dyn Fn(&str) -> bool| {
+        let mut last = String::new();
+        rmemfs_tests::poll_until(LIMIT, || {
+            last = rmemfs_tests::status::run(fsd.path(), false).stdout;
+            want(&last).then_some(())
+        })
+        .unwrap_or_else(|| panic!("rmemfs status should show {what}; it says:\n{last}"));
+        println!("status:\n{last}");
+    };
+    shows("the memnode unreachable with its copies kept", &|t| {
+        t.contains("UNREACHABLE") && t.contains("copies are kept")
+    });
+    let mut cmd = std::process::Command::new(rmemfs_tests::binaries::binary("rmemfs"));
+    cmd.arg("declare-lost").arg(fsd.path()).arg(memnode.addr());
+    let out = rmemfs_tests::command::run_within(&mut cmd, LIMIT, "rmemfs declare-lost");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    println!("rmemfs declare-lost: {:?}: {said}", out.status);
+    assert!(
+        out.status.success() && said.contains("declared lost"),
+        "declare-lost should succeed; stdout {said}, stderr {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = fsd.join("data");
+    let read = within(LIMIT, "reading a lost block", move || {
+        rmemfs_tests::UncachedReader::open(&path).and_then(|mut r| r.read_at(0, 4096))
+    });
+    assert_eq!(
+        read.map(|_| ()).map_err(|e| e.raw_os_error()),
+        Err(Some(libc::EIO)),
+        "data only the lost memnode held reads as EIO"
+    );
+    shows("the memnode down once lost", &|t| {
+        t.contains("DOWN") && !t.contains("UNREACHABLE")
+    });
+    let s = stats.current();
+    assert_eq!(s.value("memnode_losses"), 1, "stats {s}");
+    memnode.thaw();
+    fsd.unmount();
+}
