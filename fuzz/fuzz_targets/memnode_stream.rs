@@ -35,6 +35,8 @@ fn rig() -> &'static Rig {
             transport: Transport::Tcp,
             poll: Duration::ZERO,
             lease: memnode::DEFAULT_LEASE,
+            // Fuzzed connections' sessions end with them, so their memory comes back.
+            session_grace: Duration::ZERO,
         })
         .expect("memnode starts");
         let addr = node.local_addr().to_string();
