@@ -40,6 +40,9 @@ fn memnode_lost_while_fsd_is_down() {
         "2M",
         "--op-timeout",
         "2",
+        // The memnodes killed here are lost, not away for a moment: 3 s, not 10 min.
+        "--dead-time",
+        "3",
         "--stats-file",
         stats.arg(),
     ];

@@ -556,7 +556,20 @@ impl Node {
             let s = self.read_state();
             (s.epoch, s.session, s.node_id)
         };
-        let opened = Link::open(&self.name, epoch, session, cfg, connector)?;
+        let opened = match Link::open(&self.name, epoch, session, cfg, connector) {
+            Ok(o) => o,
+            Err(e) => {
+                // Another fsd took the volume over while this one was away (over
+                // verbs the fencing itself breaks the connection): nothing it held
+                // there comes back, so waiting for it would only hang its callers.
+                if let RemoteError::Control { error, .. } = &e {
+                    if error.is_fenced() || error.is_busy() {
+                        self.declare_lost(epoch, &format!("refused the volume: {error}"));
+                    }
+                }
+                return Err(e);
+            }
+        };
         let mut s = self.write_state();
         if s.epoch != epoch || s.away.is_none() {
             // Declared lost (or reconnected) meanwhile: the next round starts over.
