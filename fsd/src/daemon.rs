@@ -10,7 +10,7 @@ use crate::mount::{MountOptions, MountSpec, Mounted, Serving};
 use crate::remote::{Connector, RemoteConfig, RemoteStore, VolumeSpec, MAX_REPLICAS};
 use crate::stats::Snapshot;
 use crate::status::{MountInfo, StatusWriter};
-use crate::volume::Volume;
+use crate::volume::{MountPolicy, Volume};
 use anyhow::{bail, Context};
 use clap::Parser;
 use rmemfs_common::control::random_id;
@@ -181,6 +181,15 @@ pub struct Options {
     /// the memnodes then refuse that fsd's writes.
     #[arg(long, requires = "volume")]
     pub takeover: bool,
+    /// Mount the volume from the memnodes that answer even when one that does not
+    /// (or that came back without its memory) may hold newer metadata: what only it
+    /// held is given up. Without it such a mount is refused rather than rolled back.
+    #[arg(long, requires = "volume")]
+    pub degraded: bool,
+    /// Seconds a volume mount waits for every --memnode to answer before it
+    /// refuses (or, with --degraded, goes on without the missing ones).
+    #[arg(long, value_name = "SECS", default_value_t = 30.0, requires = "volume")]
+    pub mount_wait: f64,
     /// Mount options, comma-separated (repeatable): ro, rw, nosuid and nodev (the
     /// defaults, as libfuse's), suid, dev, noexec, exec, relatime (the default),
     /// strictatime, noatime, nodiratime, allow_other, default_permissions.
@@ -230,6 +239,9 @@ impl Options {
             if !(t > 0.0 && t <= self.dead_time) {
                 bail!("--unreachable-timeout must be more than 0 and at most --dead-time");
             }
+        }
+        if !(0.0..=3600.0).contains(&self.mount_wait) {
+            bail!("--mount-wait must be between 0 and 3600 seconds");
         }
         if !(self.flush_interval > 0.0 && self.flush_interval <= 3600.0) {
             bail!("--flush-interval must be between 0 and 3600 seconds");
@@ -400,8 +412,13 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             Arc::new(RmemFs::new(remote, opts.cache, owner))
         }
         Some(name) => {
-            let (volume, ns, report) = Volume::mount(name, remote.clone(), (owner.uid, owner.gid))
-                .with_context(|| format!("opening volume {name}"))?;
+            let policy = MountPolicy {
+                wait: Duration::from_secs_f64(opts.mount_wait),
+                degraded: opts.degraded,
+            };
+            let (volume, ns, report) =
+                Volume::mount(name, remote.clone(), (owner.uid, owner.gid), policy)
+                    .with_context(|| format!("opening volume {name}"))?;
             if report.created {
                 log::info!("volume {name} created");
             } else {

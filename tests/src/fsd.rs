@@ -153,7 +153,17 @@ impl FsdMount {
     /// mounts nor exits.
     pub fn refused(memnodes: &[&MemnodeProc], args: &[&str]) -> Refusal {
         let (t, all) = memnode_args(memnodes, args);
-        let (mut mount, announced) = FsdMount::spawn(t, t != transport::transport(), &all);
+        FsdMount::refused_as(t, t != transport::transport(), &all)
+    }
+
+    /// As [`FsdMount::refused`], for fsd on `transport` with `args` as they are
+    /// (memnodes behind a fault proxy, say).
+    pub fn refused_on(transport: Transport, args: &[&str]) -> Refusal {
+        FsdMount::refused_as(transport, true, args)
+    }
+
+    fn refused_as(t: Transport, fixed: bool, all: &[&str]) -> Refusal {
+        let (mut mount, announced) = FsdMount::spawn(t, fixed, all);
         match announced {
             Announce::Exited(status) => {
                 // fsd is gone: Drop only has to remove the mountpoint.

@@ -303,3 +303,118 @@ fn an_operator_declares_an_unreachable_memnode_lost() {
     memnode.thaw();
     fsd.unmount();
 }
+
+/// Mounting must not roll a volume back. R=2 over two memnodes behind proxies:
+/// memnode 1 is cut off while a file is written, so the newest metadata is on
+/// memnode 0 alone. With memnode 0 away, fsd waits for it and refuses to mount the
+/// older generation memnode 1 holds, naming memnode 0 and `--degraded`; once it is
+/// back the volume mounts with everything. Then the same again, mounted
+/// `--degraded` by an operator who gives up memnode 0's newer history: the files of
+/// the older one read back, and when memnode 0 returns its newer history does not
+/// come back mixed in: the volume goes on as the degraded mount left it.
+#[test]
+fn a_volume_is_not_rolled_back_while_the_memnode_with_its_newest_metadata_is_away() {
+    let _serial = heavy_test();
+    let tcp = rmemfs_tests::Transport::Tcp;
+    let pattern = Pattern::for_test("newest metadata away");
+    let file = |n: u64| (format!("file{n}"), pattern.derive(n));
+    let memnodes: Vec<MemnodeProc> = (0..2)
+        .map(|_| MemnodeProc::start_on(tcp, "512M", GRACE))
+        .collect();
+    let proxies: Vec<FaultProxy> = memnodes
+        .iter()
+        .map(|m| FaultProxy::start(m.addr()))
+        .collect();
+    let addrs: Vec<String> = proxies.iter().map(FaultProxy::addr).collect();
+    let stats = StatsFile::new();
+    let volume = ["--volume", "v", "--replicas", "2", "--mount-wait", "1"];
+    let args = with_memnodes(&addrs, &fsd_args(&stats, &volume));
+    let degraded = [&args[..], &["--degraded"]].concat();
+    let write = |fsd: &FsdMount, n: u64| {
+        let (name, p) = file(n);
+        p.write_file(&fsd.join(name), 4 * MIB);
+    };
+    let expect = |fsd: &FsdMount, present: &[u64], absent: &[u64], when: &str| {
+        for &n in present {
+            let (name, p) = file(n);
+            let path = fsd.join(&name);
+            within(LIMIT, &format!("{name} {when}"), move || {
+                p.verify_file(&path, 4 * MIB)
+            });
+        }
+        for &n in absent {
+            let (name, _) = file(n);
+            assert!(!fsd.join(&name).exists(), "{name} must not exist {when}");
+        }
+    };
+    // Memnode 1 cut off (its connections reset, new ones refused) while file 2 (or
+    // 3) is written and the volume unmounted: the newest metadata is on memnode 0.
+    let write_with_memnode_1_away = |fsd: FsdMount, n: u64| {
+        proxies[1].refuse(true);
+        proxies[1].reset_all();
+        stats.wait_for(LIMIT, "memnode 1 unreachable", |s| {
+            s.value("nodes_down") == 1
+        });
+        write(&fsd, n);
+        fsd.unmount();
+        proxies[1].refuse(false);
+    };
+
+    let fsd = FsdMount::start_on(tcp, &args);
+    write(&fsd, 1);
+    write_with_memnode_1_away(fsd, 2);
+
+    proxies[0].refuse(true);
+    let refused = FsdMount::refused_on(tcp, &args);
+    println!(
+        "with memnode 0 away: {:?}\n{}",
+        refused.status, refused.stderr
+    );
+    assert!(
+        refused.stderr.contains(&addrs[0]) && refused.stderr.contains("--degraded"),
+        "the refusal names the missing memnode and --degraded: {}",
+        refused.stderr
+    );
+    proxies[0].refuse(false);
+    let fsd = FsdMount::start_on(tcp, &args);
+    expect(&fsd, &[1, 2], &[], "once memnode 0 is back");
+    // File 2 got its second copy on memnode 1 before the next fault.
+    stats.wait_for(LIMIT, "every block with two copies", |s| {
+        // (A count made: the stats start at zero.)
+        s.value("blocks") == 2 * 64
+            && s.value("blocks_degraded") == 0
+            && s.value("node0_blocks") + s.value("node1_blocks") == 2 * s.value("blocks")
+    });
+    // An fsync commits the new copies to the volume's metadata on both memnodes.
+    std::fs::File::open(fsd.join("file1"))
+        .and_then(|f| f.sync_all())
+        .expect("fsync commits");
+    write_with_memnode_1_away(fsd, 3);
+
+    proxies[0].refuse(true);
+    let fsd = FsdMount::start_on(tcp, &degraded);
+    assert!(
+        fsd.stderr().contains("mounting degraded"),
+        "a degraded mount says so: {}",
+        fsd.stderr()
+    );
+    for line in fsd.stderr().lines().filter(|l| l.contains("volume v")) {
+        println!("degraded mount: {line}");
+    }
+    expect(&fsd, &[1, 2], &[3], "on the degraded mount");
+    write(&fsd, 4);
+    fsd.unmount();
+    proxies[0].refuse(false);
+
+    let fsd = FsdMount::start_on(tcp, &args);
+    expect(
+        &fsd,
+        &[1, 2, 4],
+        &[3],
+        "after memnode 0 came back with the history the degraded mount gave up",
+    );
+    fsd.unmount();
+    let refs: Vec<&MemnodeProc> = memnodes.iter().collect();
+    let counts = volume::assert_fsck_clean("v", &refs, "after the degraded mount");
+    assert_eq!(counts.lost_blocks, 0, "{counts:?}");
+}

@@ -1,8 +1,9 @@
 //! Durable volumes when memnodes fail or their memory goes bad.
 //!
 //! - `--replicas 2` over three memnodes: one memnode dies while fsd is stopped; fsd
-//!   mounts anyway with the same three `--memnode` arguments (the dead one refusing
-//!   connections), every file reads back, every block gets its second copy back on the
+//!   refuses to mount with the same three `--memnode` arguments (the dead one refusing
+//!   connections might have held newer metadata), and mounts with `--degraded`: every
+//!   file reads back, every block gets its second copy back on the
 //!   survivors, and then a second memnode can die with every file still readable.
 //! - Damaged metadata: bytes of the superblock, the checkpoint or the log (addresses
 //!   from `rmemfs fsck --json`) are overwritten in the memnode's memory through
@@ -67,10 +68,20 @@ fn memnode_lost_while_fsd_is_down() {
     nodes[1].kill();
 
     let refs: Vec<&MemnodeProc> = nodes.iter().collect();
+    // Without --degraded fsd cannot know memnode 1 held no newer metadata: it waits
+    // for it, then refuses, naming it.
+    let waiting = [&args[..], &["--mount-wait", "1"]].concat();
+    let refused = FsdMount::refused(&refs, &waiting);
+    assert!(
+        refused.stderr.contains(nodes[1].addr()) && refused.stderr.contains("--degraded"),
+        "the refusal names the missing memnode and --degraded: {}",
+        refused.stderr
+    );
+    let degraded = [&waiting[..], &["--degraded"]].concat();
     let started = Instant::now();
-    let fsd = FsdMount::with_memnodes(&refs, &args);
+    let fsd = FsdMount::with_memnodes(&refs, &degraded);
     println!(
-        "mounted with memnode 1 dead in {:.1} s",
+        "mounted degraded with memnode 1 dead in {:.1} s",
         started.elapsed().as_secs_f64()
     );
     let root = fsd.path().to_path_buf();

@@ -82,6 +82,8 @@ pub const SETTINGS: &[Setting] = &[
     valued("stats_file", "--stats-file"),
     valued("volume", "--volume"),
     switch("takeover", "--takeover"),
+    switch("degraded", "--degraded"),
+    valued("mount_wait", "--mount-wait"),
     switch("no_xattrs", "--no-xattrs"),
     switch("direct_io", "--direct-io"),
     switch("page_cache", "--page-cache"),

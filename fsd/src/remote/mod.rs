@@ -255,11 +255,14 @@ impl RemoteStore {
         for name in memnodes {
             let node = match Node::connect(name, &link_cfg, connector.as_ref()) {
                 Ok(node) => node,
-                // A volume's data has copies elsewhere: a memnode that is away is
-                // a lost copy, as when one goes down later. (A refusal is not: the
-                // volume is held by another fsd, or the token is wrong.)
-                Err(e @ (RemoteError::Fabric { .. } | RemoteError::NodeDown { .. }))
-                    if cfg.volume.is_some() && memnodes.len() > 1 =>
+                // A memnode away (its connection refused, broken or timed out) is
+                // unreachable, as when one goes away later; the volume mount decides
+                // whether it can do without it (`volume/quorum.rs`). (A refusal is
+                // not: the volume is held by another fsd, or the token is wrong.)
+                Err(e)
+                    if cfg.volume.is_some()
+                        && memnodes.len() > 1
+                        && (matches!(e, RemoteError::Fabric { .. }) || is_unreachable(&e)) =>
                 {
                     Node::unreachable(name, &link_cfg, e.to_string())
                 }
@@ -1280,8 +1283,30 @@ impl RemoteStore {
         self.post(ops, Patience::Wait).into_iter().collect()
     }
 
-    /// Writes `buf` at `remote` on node `idx` (in pieces the fabric takes).
+    /// Writes `buf` at `remote` on node `idx` (in pieces the fabric takes); while
+    /// the node is unreachable, waits for it.
     pub fn write_at(&self, idx: usize, remote: RemoteAddr, buf: &[u8]) -> Result<(), RemoteError> {
+        self.write_at_with(idx, remote, buf, Patience::Wait)
+    }
+
+    /// As [`RemoteStore::write_at`], but fails at once while the node is
+    /// unreachable: for writes that another node's copy makes unnecessary.
+    pub fn write_at_if_reachable(
+        &self,
+        idx: usize,
+        remote: RemoteAddr,
+        buf: &[u8],
+    ) -> Result<(), RemoteError> {
+        self.write_at_with(idx, remote, buf, Patience::FailFast)
+    }
+
+    fn write_at_with(
+        &self,
+        idx: usize,
+        remote: RemoteAddr,
+        buf: &[u8],
+        patience: Patience,
+    ) -> Result<(), RemoteError> {
         let replica = self.replica_at(idx, remote).ok_or(RemoteError::Lost)?;
         let ops = buf
             .chunks(MAX_DATA_OP)
@@ -1294,7 +1319,7 @@ impl RemoteStore {
                 },
             })
             .collect();
-        self.post(ops, Patience::Wait).into_iter().collect()
+        self.post(ops, patience).into_iter().collect()
     }
 
     /// Releases the volume on every memnode that is up (unmount): its chunks stay,

@@ -39,6 +39,9 @@ pub enum VolumeError {
     /// the current generation's log can still take the changes.
     #[error("{0}")]
     NoRoom(String),
+    /// A memnode that may hold newer metadata is missing (`quorum.rs`).
+    #[error("{0}")]
+    Incomplete(String),
 }
 
 /// A volume's metadata as read back.

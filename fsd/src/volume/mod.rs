@@ -128,6 +128,7 @@ pub mod format;
 pub mod image;
 pub mod journal;
 mod load;
+pub mod quorum;
 
 use crate::inode::{BlockEntry, Ino};
 use crate::namespace::Namespace;
@@ -139,6 +140,7 @@ use format::{
 };
 use journal::Journal;
 pub use load::{Loaded, VolumeError};
+pub use quorum::MountPolicy;
 use rmemfs_common::fabric::RemoteAddr;
 use rmemfs_common::protocol::Allocation;
 use rmemfs_common::size::format_size;
@@ -215,6 +217,8 @@ struct State {
     no_headroom: bool,
     /// When that was last said (once per [`NO_HEADROOM_REPEAT`] at most).
     no_headroom_said: Option<std::time::Instant>,
+    /// Members (node indexes) the last checkpoint's superblock did not reach.
+    stale_supers: Vec<usize>,
 }
 
 /// See `State::grow_failed`.
@@ -280,6 +284,8 @@ pub struct MountReport {
     pub lost_blocks: usize,
     /// Last blocks whose bytes past the end of file were zeroed again.
     pub tails_zeroed: usize,
+    /// Mounted without a memnode that may hold newer metadata (`MountPolicy`).
+    pub degraded: bool,
 }
 
 /// Where the loaded generation's log ends, if every copy of it (`st.copies`) replays
@@ -397,14 +403,42 @@ impl Volume {
     /// Opens the volume the memnodes of `remote` hold (it was opened on each by
     /// `RemoteStore::connect`): loads and replays its metadata, reclaims what nothing
     /// references, and starts a new generation. Returns the namespace to serve.
+    ///
+    /// With a memnode missing (see `quorum.rs`) it waits up to `policy.wait` for it,
+    /// then refuses, unless `policy.degraded`: then it goes on from what answered.
     pub fn mount(
         name: &str,
         remote: Arc<RemoteStore>,
         owner: (u32, u32),
+        policy: MountPolicy,
     ) -> Result<(Arc<Volume>, Namespace, MountReport), VolumeError> {
         let journal = Arc::new(Journal::default());
-        let loaded = load::load(&remote, name)?;
+        quorum::await_memnodes(&remote, policy.wait);
+        let mut loaded = load::load(&remote, name)?;
+        let missing = quorum::missing_now(&remote, loaded.as_ref());
         let mut report = MountReport::default();
+        if let Some(l) = loaded.as_mut().filter(|_| !missing.is_empty()) {
+            let what = missing.describe();
+            if !policy.degraded {
+                return Err(VolumeError::Incomplete(format!(
+                    "volume {name}: {what}. The newest metadata the others hold is \
+                     generation {}, but a missing memnode may hold newer: mounting without \
+                     it could roll the volume back. Bring it back, or mount with --degraded \
+                     (mount option degraded) to go on from what answered and give up what \
+                     only the missing memnodes hold",
+                    l.generation
+                )));
+            }
+            log::warn!(
+                "volume {name}: mounting degraded: {what}; going on from generation {}. \
+                 Whatever only the missing memnodes held is given up, and their copy of \
+                 the volume is superseded",
+                l.generation
+            );
+            l.generation += quorum::DEGRADED_JUMP;
+            l.next_seq += quorum::DEGRADED_JUMP;
+            report.degraded = true;
+        }
         let mut upgrade = false;
         let mut loaded_copies = Vec::new();
         let mut loaded_spares = Vec::new();
@@ -487,6 +521,7 @@ impl Volume {
                 measured: None,
                 no_headroom: false,
                 no_headroom_said: None,
+                stale_supers: Vec::new(),
             }),
             closed: Default::default(),
             headroom: Default::default(),
@@ -519,7 +554,12 @@ impl Volume {
                     })
                 })
                 .collect();
-            let continuable = !upgrade && same_members && whole_tail(&st, &loaded_ends).is_some();
+            // A degraded mount's sequence numbers jumped: its entries cannot follow
+            // the loaded log's.
+            let continuable = !upgrade
+                && !report.degraded
+                && same_members
+                && whole_tail(&st, &loaded_ends).is_some();
             match volume.checkpoint_locked(&mut st, &ns, Vec::new(), continuable) {
                 Err(VolumeError::NoRoom(why)) if continuable => {
                     volume.continue_loaded(&mut st, &loaded_ends, why);
@@ -577,7 +617,7 @@ impl Volume {
     pub fn commit(&self, ns: &Namespace) -> Result<(), VolumeError> {
         let mut st = lock(&self.state);
         let frees = self.journal.take_frees();
-        let r = if st.need_checkpoint || self.membership_changed(&st) {
+        let r = if st.need_checkpoint || self.membership_changed(&st) || self.behind(&st) {
             self.checkpoint_or_log(&mut st, ns, frees)
         } else {
             self.log_changes(&mut st, ns, frees)
@@ -812,6 +852,14 @@ impl Volume {
         Ok(())
     }
 
+    /// True when the metadata has fewer copies than the memnodes up could hold, or a
+    /// member that missed the last superblock is up again: a checkpoint catches up.
+    fn behind(&self, st: &State) -> bool {
+        let want = self.remote.replicas().max(1);
+        st.copies.len() < want.min(self.remote.nodes_up())
+            || st.stale_supers.iter().any(|&n| self.remote.node_is_up(n))
+    }
+
     /// True when a metadata copy's memnode went down or came back as another epoch,
     /// or a memnode now up is not a member: a checkpoint brings the copies and the
     /// member slots up to date.
@@ -930,9 +978,16 @@ impl Volume {
             &[(generation % 2) as usize]
         };
         let mut durable = Vec::new();
+        // Members out of reach that hold no copy keep their older superblock (it
+        // only tells a mount the generation) until a later checkpoint reaches them:
+        // a commit does not wait for them.
+        st.stale_supers.clear();
         for node in (0..nodes).filter(|&i| members[i].is_some()) {
             let copy = copies.iter().find(|c| c.node == node);
             let Some(root) = self.remote.volume_root(node) else {
+                if copy.is_none() {
+                    st.stale_supers.push(node);
+                }
                 continue;
             };
             let bytes = sb(copy).encode();
@@ -941,7 +996,11 @@ impl Volume {
                     addr: root.addr + (slot * SUPERBLOCK_SLOT) as u64,
                     rkey: root.rkey,
                 };
-                self.remote.write_at(node, at, &bytes)
+                if copy.is_some() {
+                    self.remote.write_at(node, at, &bytes)
+                } else {
+                    self.remote.write_at_if_reachable(node, at, &bytes)
+                }
             });
             match written {
                 Ok(()) => {
@@ -949,11 +1008,14 @@ impl Volume {
                         durable.push(*c);
                     }
                 }
-                Err(e) => log::warn!(
-                    "volume {}: superblock on memnode {} not written: {e}",
-                    self.name,
-                    self.remote.node_name(node)
-                ),
+                Err(e) => {
+                    log::warn!(
+                        "volume {}: superblock on memnode {} not written: {e}",
+                        self.name,
+                        self.remote.node_name(node)
+                    );
+                    st.stale_supers.push(node);
+                }
             }
         }
         for c in copies
@@ -1214,7 +1276,7 @@ impl Volume {
     /// commits, which checkpoints).
     pub fn needs_checkpoint(&self) -> bool {
         let st = lock(&self.state);
-        st.need_checkpoint || self.membership_changed(&st)
+        st.need_checkpoint || self.membership_changed(&st) || self.behind(&st)
     }
 }
 

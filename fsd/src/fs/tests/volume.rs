@@ -94,7 +94,8 @@ fn mount(node: &memnode::Memnode) -> RmemFs {
 
 fn mount_reporting(node: &memnode::Memnode) -> (RmemFs, crate::volume::MountReport) {
     let remote = store(node, true);
-    let (volume, ns, report) = Volume::mount("vol", remote.clone(), (0, 0)).expect("volume mounts");
+    let (volume, ns, report) =
+        Volume::mount("vol", remote.clone(), (0, 0), Default::default()).expect("volume mounts");
     (RmemFs::on_volume(remote, 16 * BS, ns, volume), report)
 }
 
