@@ -418,3 +418,54 @@ fn a_volume_is_not_rolled_back_while_the_memnode_with_its_newest_metadata_is_awa
     let counts = volume::assert_fsck_clean("v", &refs, "after the degraded mount");
     assert_eq!(counts.lost_blocks, 0, "{counts:?}");
 }
+
+/// fio writes a file at random offsets and reads every block back against its
+/// crc32c in one job, while fsd's connections to its memnode are reset and then the
+/// network black-holed past `--op-timeout`: the job completes with no error and no
+/// wrong data (a hard mount: programs wait out the fault, nothing fails).
+#[test]
+fn a_fio_verify_job_runs_across_a_reset_and_a_network_stall() {
+    let _serial = heavy_test();
+    let memnode = MemnodeProc::start_on(rmemfs_tests::Transport::Tcp, "512M", GRACE);
+    let proxy = FaultProxy::start(memnode.addr());
+    let addrs = [proxy.addr()];
+    let stats = StatsFile::new();
+    let args = with_memnodes(&addrs, &fsd_args(&stats, &[]));
+    let fsd = FsdMount::start_on(rmemfs_tests::Transport::Tcp, &args);
+    let mut cmd = std::process::Command::new(rmemfs_tests::binaries::program("fio", "fio"));
+    cmd.args([
+        "--name=faults",
+        "--ioengine=psync",
+        "--bs=64k",
+        "--size=128M",
+        "--rw=randwrite",
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--direct=1",
+        // About 4 s of writes, then about 4 s of verifying reads: the faults land in
+        // the writes, their copies are read back after.
+        "--rate=32m,32m",
+    ])
+    .arg(format!("--filename={}", fsd.join("fio").display()));
+    let fio = std::thread::spawn(move || {
+        rmemfs_tests::command::run_within(&mut cmd, LIMIT, "fio verify across faults")
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    println!("reset {} connections", proxy.reset_all());
+    std::thread::sleep(Duration::from_secs(1));
+    proxy.blackhole();
+    std::thread::sleep(Duration::from_secs(4));
+    proxy.restore();
+    let out = fio.join().expect("fio's thread");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    println!("fio: {:?}\n{stdout}\n{stderr}", out.status);
+    assert!(
+        out.status.success() && stdout.contains("err= 0") && !stderr.contains("verify"),
+        "fio's verify job must complete with no error across the faults"
+    );
+    assert_resumed_losing_nothing(&stats, &fsd, "after fio across the faults");
+    fsd.unmount();
+}
