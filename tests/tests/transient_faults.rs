@@ -304,31 +304,31 @@ fn an_operator_declares_an_unreachable_memnode_lost() {
     fsd.unmount();
 }
 
-/// Mounting must not roll a volume back. R=2 over two memnodes behind proxies:
-/// memnode 1 is cut off while a file is written, so the newest metadata is on
-/// memnode 0 alone. With memnode 0 away, fsd waits for it and refuses to mount the
-/// older generation memnode 1 holds, naming memnode 0 and `--degraded`; once it is
-/// back the volume mounts with everything. Then the same again, mounted
-/// `--degraded` by an operator who gives up memnode 0's newer history: the files of
-/// the older one read back, and when memnode 0 returns its newer history does not
-/// come back mixed in: the volume goes on as the degraded mount left it.
+/// Mounting must not roll a volume back. R=2 over two memnodes: memnode 1 is
+/// stopped (SIGSTOP, past `--op-timeout`) while a file is written, so the newest
+/// metadata is on memnode 0 alone. With memnode 0 stopped, fsd waits for it and
+/// refuses to mount the older generation memnode 1 holds, naming memnode 0 and
+/// `--degraded`; once it continues the volume mounts with everything. Then the same
+/// again, mounted `--degraded` by an operator who gives up memnode 0's newer
+/// history: the files of the older one read back, and when memnode 0 returns its
+/// newer history does not come back mixed in: the volume goes on as the degraded
+/// mount left it. A stopped memnode is away on both fabrics (this runs over verbs in
+/// the Soft-RoCE VM).
 #[test]
 fn a_volume_is_not_rolled_back_while_the_memnode_with_its_newest_metadata_is_away() {
     let _serial = heavy_test();
-    let tcp = rmemfs_tests::Transport::Tcp;
     let pattern = Pattern::for_test("newest metadata away");
     let file = |n: u64| (format!("file{n}"), pattern.derive(n));
+    // A short lease: a volume hold left by an fsd cut off from a memnode ends soon.
     let memnodes: Vec<MemnodeProc> = (0..2)
-        .map(|_| MemnodeProc::start_on(tcp, "512M", GRACE))
+        .map(|_| MemnodeProc::start_with("512M", &[GRACE, &["--lease-secs", "2"]].concat()))
         .collect();
-    let proxies: Vec<FaultProxy> = memnodes
-        .iter()
-        .map(|m| FaultProxy::start(m.addr()))
-        .collect();
-    let addrs: Vec<String> = proxies.iter().map(FaultProxy::addr).collect();
+    let refs: Vec<&MemnodeProc> = memnodes.iter().collect();
     let stats = StatsFile::new();
-    let volume = ["--volume", "v", "--replicas", "2", "--mount-wait", "1"];
-    let args = with_memnodes(&addrs, &fsd_args(&stats, &volume));
+    let args = fsd_args(
+        &stats,
+        &["--volume", "v", "--replicas", "2", "--mount-wait", "1"],
+    );
     let degraded = [&args[..], &["--degraded"]].concat();
     let write = |fsd: &FsdMount, n: u64| {
         let (name, p) = file(n);
@@ -347,38 +347,37 @@ fn a_volume_is_not_rolled_back_while_the_memnode_with_its_newest_metadata_is_awa
             assert!(!fsd.join(&name).exists(), "{name} must not exist {when}");
         }
     };
-    // Memnode 1 cut off (its connections reset, new ones refused) while file 2 (or
-    // 3) is written and the volume unmounted: the newest metadata is on memnode 0.
+    // Memnode 1 stopped while file n is written and the volume unmounted: the newest
+    // metadata is on memnode 0.
     let write_with_memnode_1_away = |fsd: FsdMount, n: u64| {
-        proxies[1].refuse(true);
-        proxies[1].reset_all();
+        memnodes[1].freeze();
         stats.wait_for(LIMIT, "memnode 1 unreachable", |s| {
             s.value("nodes_down") == 1
         });
         write(&fsd, n);
         fsd.unmount();
-        proxies[1].refuse(false);
+        memnodes[1].thaw();
     };
 
-    let fsd = FsdMount::start_on(tcp, &args);
+    let fsd = FsdMount::with_memnodes(&refs, &args);
     write(&fsd, 1);
     write_with_memnode_1_away(fsd, 2);
 
-    proxies[0].refuse(true);
-    let refused = FsdMount::refused_on(tcp, &args);
+    memnodes[0].freeze();
+    let refused = FsdMount::refused(&refs, &args);
+    memnodes[0].thaw();
     println!(
         "with memnode 0 away: {:?}\n{}",
         refused.status, refused.stderr
     );
     assert!(
-        refused.stderr.contains(&addrs[0]) && refused.stderr.contains("--degraded"),
+        refused.stderr.contains(memnodes[0].addr()) && refused.stderr.contains("--degraded"),
         "the refusal names the missing memnode and --degraded: {}",
         refused.stderr
     );
-    proxies[0].refuse(false);
-    let fsd = FsdMount::start_on(tcp, &args);
+    let fsd = FsdMount::with_memnodes(&refs, &args);
     expect(&fsd, &[1, 2], &[], "once memnode 0 is back");
-    // File 2 got its second copy on memnode 1 before the next fault.
+    // File 2 gets its second copy on memnode 1 before the next fault.
     stats.wait_for(LIMIT, "every block with two copies", |s| {
         // (A count made: the stats start at zero.)
         s.value("blocks") == 2 * 64
@@ -391,22 +390,22 @@ fn a_volume_is_not_rolled_back_while_the_memnode_with_its_newest_metadata_is_awa
         .expect("fsync commits");
     write_with_memnode_1_away(fsd, 3);
 
-    proxies[0].refuse(true);
-    let fsd = FsdMount::start_on(tcp, &degraded);
+    memnodes[0].freeze();
+    let fsd = FsdMount::with_memnodes(&refs, &degraded);
+    for line in fsd.stderr().lines().filter(|l| l.contains("volume v")) {
+        println!("degraded mount: {line}");
+    }
     assert!(
         fsd.stderr().contains("mounting degraded"),
         "a degraded mount says so: {}",
         fsd.stderr()
     );
-    for line in fsd.stderr().lines().filter(|l| l.contains("volume v")) {
-        println!("degraded mount: {line}");
-    }
     expect(&fsd, &[1, 2], &[3], "on the degraded mount");
     write(&fsd, 4);
     fsd.unmount();
-    proxies[0].refuse(false);
+    memnodes[0].thaw();
 
-    let fsd = FsdMount::start_on(tcp, &args);
+    let fsd = FsdMount::with_memnodes(&refs, &args);
     expect(
         &fsd,
         &[1, 2, 4],
@@ -414,7 +413,6 @@ fn a_volume_is_not_rolled_back_while_the_memnode_with_its_newest_metadata_is_awa
         "after memnode 0 came back with the history the degraded mount gave up",
     );
     fsd.unmount();
-    let refs: Vec<&MemnodeProc> = memnodes.iter().collect();
     let counts = volume::assert_fsck_clean("v", &refs, "after the degraded mount");
     assert_eq!(counts.lost_blocks, 0, "{counts:?}");
 }
