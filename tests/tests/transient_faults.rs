@@ -365,7 +365,14 @@ fn a_volume_is_not_rolled_back_while_the_memnode_with_its_newest_metadata_is_awa
 
     memnodes[0].freeze();
     let refused = FsdMount::refused(&refs, &args);
+    // fsck says so too: what it checked may not be the newest.
+    let fsck = volume::fsck_text("v", &refs);
     memnodes[0].thaw();
+    println!("fsck with memnode 0 away: {}", fsck.context());
+    assert!(
+        fsck.code == 1 && fsck.stdout.contains("incomplete:"),
+        "fsck with a memnode of the volume away says its check is incomplete (exit 1)"
+    );
     println!(
         "with memnode 0 away: {:?}\n{}",
         refused.status, refused.stderr

@@ -372,7 +372,7 @@ fn fsck(name: &str, r: &Remote, block_size: u64, json: bool) -> anyhow::Result<E
     } else {
         print_lines(&report);
     }
-    let clean = report.problems.is_empty() && report.leaked_chunks == 0;
+    let clean = report.problems.is_empty() && report.leaked_chunks == 0 && report.missing.is_none();
     Ok(if clean {
         ExitCode::SUCCESS
     } else {
@@ -400,6 +400,13 @@ fn print_lines(r: &FsckReport) {
             ""
         }
     );
+    if let Some(m) = &r.missing {
+        println!(
+            "incomplete: {m}; a missing memnode may hold newer metadata than generation {}, \
+             and its chunks were not checked",
+            r.generation
+        );
+    }
     for p in &r.problems {
         println!("  problem: {p}");
     }
@@ -431,7 +438,7 @@ fn print_json(r: &FsckReport) {
         .collect();
     let problems: Vec<String> = r.problems.iter().map(|p| json_string(p)).collect();
     println!(
-        "{{\"generation\":{},\"log_entries\":{},\"inodes\":{},\"orphans\":{},\"lost_blocks\":{},\"inconsistencies\":{},\"leaked_chunks\":{},\"leaked_bytes\":{},\"problems\":[{}],\"metadata\":[{}]}}",
+        "{{\"generation\":{},\"log_entries\":{},\"inodes\":{},\"orphans\":{},\"lost_blocks\":{},\"inconsistencies\":{},\"leaked_chunks\":{},\"leaked_bytes\":{},\"problems\":[{}],\"metadata\":[{}],\"missing\":{}}}",
         r.generation,
         r.log_entries,
         r.inodes,
@@ -441,6 +448,7 @@ fn print_json(r: &FsckReport) {
         r.leaked_chunks,
         r.leaked_bytes,
         problems.join(","),
-        metadata.join(",")
+        metadata.join(","),
+        r.missing.as_deref().map_or("null".into(), json_string)
     );
 }

@@ -32,6 +32,10 @@ pub struct FsckReport {
     pub lost_blocks: usize,
     /// Per memnode: name, superblock, checkpoint and log areas (address, length).
     pub metadata: Vec<MetadataPlace>,
+    /// Memnodes of the volume that did not answer (or answered as another
+    /// instance): a mount would refuse, and this check may not have seen the newest
+    /// metadata (`quorum.rs`).
+    pub missing: Option<String>,
 }
 
 #[derive(Debug)]
@@ -84,6 +88,9 @@ fn report(remote: &RemoteStore, l: &Loaded) -> FsckReport {
         leaked_chunks: leaked.len(),
         leaked_bytes: leaked.iter().map(|(_, c)| c.len).sum(),
         lost_blocks: l.lost_blocks,
+        missing: Some(super::quorum::missing_now(remote, Some(l)))
+            .filter(|m| !m.is_empty())
+            .map(|m| m.describe()),
         metadata: l
             .copies
             .iter()
