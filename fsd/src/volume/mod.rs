@@ -981,13 +981,18 @@ impl Volume {
         // Members out of reach that hold no copy keep their older superblock (it
         // only tells a mount the generation) until a later checkpoint reaches them:
         // a commit does not wait for them.
-        st.stale_supers.clear();
+        let mut stale = Vec::new();
         for node in (0..nodes).filter(|&i| members[i].is_some()) {
             let copy = copies.iter().find(|c| c.node == node);
-            let Some(root) = self.remote.volume_root(node) else {
-                if copy.is_none() {
-                    st.stale_supers.push(node);
+            // Only a member out of reach is caught up later: one in reach that
+            // failed would fail every commit's checkpoint again.
+            let mut out_of_reach = || {
+                if !self.remote.node_is_up(node) {
+                    stale.push(node);
                 }
+            };
+            let Some(root) = self.remote.volume_root(node) else {
+                out_of_reach();
                 continue;
             };
             let bytes = sb(copy).encode();
@@ -1014,10 +1019,11 @@ impl Volume {
                         self.name,
                         self.remote.node_name(node)
                     );
-                    st.stale_supers.push(node);
+                    out_of_reach();
                 }
             }
         }
+        st.stale_supers = stale;
         for c in copies
             .iter()
             .filter(|c| !durable.iter().any(|d| d.node == c.node))
