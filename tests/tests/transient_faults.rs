@@ -312,8 +312,10 @@ fn an_operator_declares_an_unreachable_memnode_lost() {
 /// again, mounted `--degraded` by an operator who gives up memnode 0's newer
 /// history: the files of the older one read back, and when memnode 0 returns its
 /// newer history does not come back mixed in: the volume goes on as the degraded
-/// mount left it. A stopped memnode is away on both fabrics (this runs over verbs in
-/// the Soft-RoCE VM).
+/// mount left it. Last, a memnode that was away is caught up while the volume is
+/// mounted (no unmount in between): after fsd dies, it alone holds every file
+/// committed, also those committed while it was stopped. A stopped memnode is away
+/// on both fabrics (this runs over verbs in the Soft-RoCE VM).
 #[test]
 fn a_volume_is_not_rolled_back_while_the_memnode_with_its_newest_metadata_is_away() {
     let _serial = heavy_test();
@@ -419,8 +421,36 @@ fn a_volume_is_not_rolled_back_while_the_memnode_with_its_newest_metadata_is_awa
         &[3],
         "after memnode 0 came back with the history the degraded mount gave up",
     );
+    // A memnode that was away is caught up once it is back, without an unmount:
+    // file 5 is committed while memnode 1 is stopped, file 6 after it continued;
+    // then fsd dies and memnode 0 is stopped, and memnode 1's metadata has both.
+    memnodes[1].freeze();
+    stats.wait_for(LIMIT, "memnode 1 unreachable", |s| {
+        s.value("nodes_down") == 1
+    });
+    write(&fsd, 5);
+    memnodes[1].thaw();
+    stats.wait_for(LIMIT, "memnode 1 back, file 5 with its second copy", |s| {
+        s.value("nodes_down") == 0 && s.value("blocks") == 4 * 64 && s.value("blocks_degraded") == 0
+    });
+    write(&fsd, 6);
+    fsd.kill9();
+    memnodes[0].freeze();
+    let fsd = volume::remount_after_crash(&refs, &degraded);
+    expect(
+        &fsd,
+        &[1, 2, 4, 5, 6],
+        &[3],
+        "from memnode 1 alone after it was caught up",
+    );
     fsd.unmount();
-    let counts = volume::assert_fsck_clean("v", &refs, "after the degraded mount");
+    memnodes[0].thaw();
+    // Memnode 0's chunks of the history given up are referenced by nothing: the next
+    // mount with it gives them back.
+    let fsd = FsdMount::with_memnodes(&refs, &args);
+    expect(&fsd, &[1, 2, 4, 5, 6], &[3], "with both memnodes again");
+    fsd.unmount();
+    let counts = volume::assert_fsck_clean("v", &refs, "after the degraded mounts");
     assert_eq!(counts.lost_blocks, 0, "{counts:?}");
 }
 

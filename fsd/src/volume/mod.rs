@@ -809,12 +809,21 @@ impl Volume {
         if targets.len() < st.copies.len() {
             st.need_checkpoint = true;
         }
+        // Copies in reach are written without waiting: one whose memnode goes away
+        // meanwhile misses the entries (as one out of reach does) rather than holding
+        // the commit until it is back. Only with no copy in reach is one waited for.
+        let patient = targets.iter().all(|c| !self.remote.node_is_up(c.node));
         for c in targets {
             let at = RemoteAddr {
                 addr: c.log.addr + st.tail,
                 rkey: c.log.rkey,
             };
-            match self.remote.write_at(c.node, at, bytes) {
+            let result = if patient {
+                self.remote.write_at(c.node, at, bytes)
+            } else {
+                self.remote.write_at_if_reachable(c.node, at, bytes)
+            };
+            match result {
                 Ok(()) => written += 1,
                 Err(e) if e.is_fenced() => {
                     log::error!(
@@ -914,6 +923,8 @@ impl Volume {
         let want = self.remote.replicas().max(1);
         let mut spares = std::mem::take(&mut st.spares);
         let mut copies = Vec::new();
+        // Memnodes out of reach that took a copy (none in reach could).
+        let mut waited_for = Vec::new();
         // Memnodes in reach first: an unreachable one is waited for only when too
         // few others can take a copy.
         let mut order: Vec<usize> = (0..nodes).filter(|&i| members[i].is_some()).collect();
@@ -926,8 +937,16 @@ impl Volume {
                 .iter()
                 .position(|s| s.copy.node == node)
                 .map(|k| spares.swap_remove(k));
-            match self.write_copy(node, &checkpoint, &mut spare) {
-                Ok(c) => copies.push(c),
+            // A memnode in reach is not waited for if it goes away meanwhile; one
+            // out of reach is tried only when no other took a copy, and waited for.
+            let patient = !self.remote.node_is_up(node);
+            match self.write_copy(node, &checkpoint, &mut spare, patient) {
+                Ok(c) => {
+                    if patient {
+                        waited_for.push(node);
+                    }
+                    copies.push(c);
+                }
                 Err(e) => log::warn!(
                     "volume {}: no checkpoint copy on memnode {}: {e}",
                     self.name,
@@ -1001,7 +1020,8 @@ impl Volume {
                     addr: root.addr + (slot * SUPERBLOCK_SLOT) as u64,
                     rkey: root.rkey,
                 };
-                if copy.is_some() {
+                // Waited for only where the copy itself was (no memnode in reach).
+                if copy.is_some_and(|c| waited_for.contains(&c.node)) {
                     self.remote.write_at(node, at, &bytes)
                 } else {
                     self.remote.write_at_if_reachable(node, at, &bytes)
@@ -1086,6 +1106,7 @@ impl Volume {
         node: usize,
         checkpoint: &[u8],
         spare: &mut Option<Spare>,
+        patient: bool,
     ) -> Result<MetaCopy, RemoteError> {
         let len = checkpoint.len() as u64;
         let reused = spare.map(|s| s.copy);
@@ -1108,7 +1129,12 @@ impl Volume {
             addr: ck.addr,
             rkey: ck.rkey,
         };
-        if let Err(e) = self.remote.write_at(node, at, checkpoint) {
+        let written = if patient {
+            self.remote.write_at(node, at, checkpoint)
+        } else {
+            self.remote.write_at_if_reachable(node, at, checkpoint)
+        };
+        if let Err(e) = written {
             // A spare stays one (what it held was of no use already); fresh chunks
             // go back.
             if fits.is_none() {
