@@ -426,8 +426,29 @@ pub fn fsck_text(name: &str, memnodes: &[&MemnodeProc]) -> RmemfsRun {
 /// `leaked chunks: 0`. Prints its output and returns the counts.
 #[track_caller]
 pub fn assert_fsck_clean(name: &str, memnodes: &[&MemnodeProc], when: &str) -> FsckCounts {
+    assert_fsck_clean_with(fsck_text, name, memnodes, when)
+}
+
+/// As [`assert_fsck_clean`], retrying while a memnode still says the volume `is
+/// held by` a client (as [`fsck_text_after_crash`] does).
+#[track_caller]
+pub fn assert_fsck_clean_once_released(
+    name: &str,
+    memnodes: &[&MemnodeProc],
+    when: &str,
+) -> FsckCounts {
+    assert_fsck_clean_with(fsck_text_after_crash, name, memnodes, when)
+}
+
+#[track_caller]
+fn assert_fsck_clean_with(
+    fsck: fn(&str, &[&MemnodeProc]) -> RmemfsRun,
+    name: &str,
+    memnodes: &[&MemnodeProc],
+    when: &str,
+) -> FsckCounts {
     let started = Instant::now();
-    let r = fsck_text(name, memnodes);
+    let r = fsck(name, memnodes);
     println!(
         "fsck {name} ({when}) in {:.1} s: exit {}\n{}",
         started.elapsed().as_secs_f64(),

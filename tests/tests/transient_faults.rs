@@ -450,7 +450,9 @@ fn a_volume_is_not_rolled_back_while_the_memnode_with_its_newest_metadata_is_awa
     let fsd = FsdMount::with_memnodes(&refs, &args);
     expect(&fsd, &[1, 2, 4, 5, 6], &[3], "with both memnodes again");
     fsd.unmount();
-    let counts = volume::assert_fsck_clean("v", &refs, "after the degraded mounts");
+    // Over verbs a memnode was seen to still hold the volume for a moment after the
+    // unmount (busy for 0.4 s, once): fsck waits for the hold to go.
+    let counts = volume::assert_fsck_clean_once_released("v", &refs, "after the degraded mounts");
     assert_eq!(counts.lost_blocks, 0, "{counts:?}");
 }
 
