@@ -1061,10 +1061,12 @@ impl RmemFs {
                     Ok(()) => log::info!("volume {}: everything is durable", v.name()),
                     Err(e) => log::error!("volume {}: last checkpoint failed: {e}", v.name()),
                 }
+                self.remote.stop_background();
                 self.remote.close_volume();
                 self.remote.end_sessions();
             }
             None => {
+                self.remote.stop_background();
                 self.remote.release_all();
                 self.remote.end_sessions();
             }

@@ -184,7 +184,8 @@ pub struct RemoteStore {
     low_water: u64,
     next_node: AtomicUsize,
     pub counters: Arc<RemoteCounters>,
-    threads: Vec<std::thread::JoinHandle<()>>,
+    /// Each node's refill and watch threads, joined by [`RemoteStore::stop_background`].
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     unreachable_timeout: Option<Duration>,
 }
 
@@ -304,7 +305,7 @@ impl RemoteStore {
             low_water,
             next_node: AtomicUsize::new(0),
             counters,
-            threads,
+            threads: Mutex::new(threads),
             unreachable_timeout: cfg.unreachable_timeout,
         })
     }
@@ -1368,14 +1369,25 @@ impl RemoteStore {
 /// Shared handle used across fsd.
 pub type SharedRemote = Arc<RemoteStore>;
 
-impl Drop for RemoteStore {
-    fn drop(&mut self) {
+impl RemoteStore {
+    /// Stops and joins every node's refill and watch threads (shutdown, once the
+    /// last write is done): a memnode cut off now is not reconnected, which would
+    /// open the volume again after it was closed and leave it held until the lease
+    /// runs out; waits for unreachable memnodes end.
+    pub fn stop_background(&self) {
         for node in &self.nodes {
             node.refill.stop();
         }
-        for t in self.threads.drain(..) {
+        let threads = std::mem::take(&mut *lock(&self.threads));
+        for t in threads {
             let _ = t.join();
         }
+    }
+}
+
+impl Drop for RemoteStore {
+    fn drop(&mut self) {
+        self.stop_background();
     }
 }
 
