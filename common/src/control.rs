@@ -85,6 +85,8 @@ pub struct Welcome {
     pub session: SessionSecret,
     /// The session existed before this Hello (see `Response::Welcome`).
     pub resumed: bool,
+    /// The memnode's restarts on its memory file (see `Response::Welcome`).
+    pub boot: u64,
 }
 
 /// Sends one request and decodes the reply, turning error replies into `Refused`.
@@ -130,12 +132,14 @@ pub fn hello_in_session(
             features,
             session,
             resumed,
+            boot,
         } => Ok(Welcome {
             node_id,
             capacity,
             features,
             session,
             resumed,
+            boot,
         }),
         other => Err(unexpected("Hello", other)),
     }

@@ -168,12 +168,16 @@ pub enum Response {
     /// before this Hello (a reconnect found its memory, or another connection of the
     /// same session), false when this Hello started it. An older memnode sends neither
     /// (read as no secret, not resumed).
+    /// `boot` counts the restarts of this memnode instance on its memory file (0
+    /// without one, or from an older memnode): a session resumed under another boot
+    /// than the client last saw kept every chunk, but under new rkeys.
     Welcome {
         node_id: u64,
         capacity: u64,
         features: u32,
         session: SessionSecret,
         resumed: bool,
+        boot: u64,
     },
     /// A new allocation, readable and writable with `rkey` by its owner only.
     Allocated(Allocation),
@@ -689,12 +693,14 @@ impl Response {
                 features,
                 session,
                 resumed,
+                boot,
             } => {
                 body.extend_from_slice(&node_id.to_le_bytes());
                 body.extend_from_slice(&capacity.to_le_bytes());
                 body.extend_from_slice(&features.to_le_bytes());
                 body.extend_from_slice(&session.0);
                 body.push(*resumed as u8);
+                body.extend_from_slice(&boot.to_le_bytes());
                 K_WELCOME
             }
             Response::Allocated(a) => {
@@ -786,6 +792,7 @@ impl Response {
                 } else {
                     r.flag("resumed")?
                 },
+                boot: if r.remaining() == 0 { 0 } else { r.u64()? },
             },
             K_SESSION_ENDING => Response::SessionEnding,
             K_ALLOCATED => Response::Allocated(r.allocation()?),

@@ -95,6 +95,7 @@ fn all_responses() -> Vec<Response> {
             features: FEATURE_COPY,
             session: SessionSecret([0xa5; SESSION_SECRET_LEN]),
             resumed: true,
+            boot: 3,
         },
         Response::Welcome {
             node_id: 7,
@@ -102,6 +103,7 @@ fn all_responses() -> Vec<Response> {
             features: 0,
             session: SessionSecret::NONE,
             resumed: false,
+            boot: 0,
         },
         Response::SessionEnding,
         Response::Copied { bytes: 1 << 24 },
@@ -607,6 +609,7 @@ fn a_welcome_without_features_is_an_older_memnode_with_none() {
             features: 0,
             session: SessionSecret::NONE,
             resumed: false,
+            boot: 0,
         })
     );
 }

@@ -351,6 +351,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             poll,
             lease: memnode::DEFAULT_LEASE,
             session_grace: memnode::DEFAULT_SESSION_GRACE,
+            memory_file: None,
         })
         .context("starting the embedded memnode")?;
         if let Some(v) = &opts.volume {

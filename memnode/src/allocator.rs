@@ -179,6 +179,40 @@ impl ChunkAllocator {
         self.free.insert(start, total);
     }
 
+    /// Books exactly `[addr, addr + len)` for `owner`, as a memnode restarting on its
+    /// memory file re-books what it had lent. The range must be page-granular and
+    /// lie inside one free extent; anything else is refused and changes nothing.
+    pub fn book_at(&mut self, owner: Owner, addr: u64, len: u64) -> Result<Booking, AllocError> {
+        let g = self.granularity;
+        let aligned = addr >= self.base && (addr - self.base) % g == 0 && len % g == 0;
+        let fits = self
+            .free
+            .range(..=addr)
+            .next_back()
+            .map(|(&start, &flen)| (start, flen))
+            .filter(|&(start, flen)| addr.checked_add(len).is_some_and(|end| end <= start + flen));
+        let (start, flen) = match fits {
+            Some(extent) if aligned && len > 0 => extent,
+            _ => return Err(AllocError::NotFound { addr }),
+        };
+        self.free.remove(&start);
+        if start < addr {
+            self.free.insert(start, addr - start);
+        }
+        if addr + len < start + flen {
+            self.free.insert(addr + len, start + flen - addr - len);
+        }
+        let booking = Booking { owner, addr, len };
+        self.booked.insert(addr, booking);
+        self.used += len;
+        Ok(booking)
+    }
+
+    /// Every booking, in address order.
+    pub fn bookings(&self) -> impl Iterator<Item = &Booking> + '_ {
+        self.booked.values()
+    }
+
     /// Free extents in address order.
     #[cfg(test)]
     pub fn free_extents(&self) -> impl Iterator<Item = (u64, u64)> + '_ {

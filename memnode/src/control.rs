@@ -44,6 +44,7 @@
 
 use crate::allocator::{AllocError, Owner};
 use crate::counters::ControlCounters;
+use crate::memfile::MemoryFile;
 use crate::pool::{Chunk, ChunkPool, PoolError};
 use crate::volumes::{Holder, OpenPlan, TakeoverReason, VolumeError, VolumeTable};
 use rmemfs_common::fabric::{ConnectionState, ControlHandler, ControlReply};
@@ -71,6 +72,16 @@ pub struct ControlService {
     heard: Mutex<HashMap<u64, Instant>>,
     /// Requests served and refused (metrics).
     pub counters: ControlCounters,
+    /// The memory file the books are saved to after every change (`None`: memory
+    /// only). See `control_saved.rs`.
+    store: Option<Mutex<MemoryFile>>,
+    /// How many times this instance started before on its memory file (0 without
+    /// one): a client that resumes a session sees its chunks' rkeys changed when it
+    /// differs from the boot it knew.
+    boot: u64,
+    /// The books fill most of their slot in the memory file: what would grow them is
+    /// refused (an atomic, read without the store's lock).
+    books_full: std::sync::atomic::AtomicBool,
 }
 
 /// What the memnode knows of one client between its connections.
@@ -157,7 +168,18 @@ impl ControlService {
             volumes: Mutex::new(VolumeTable::new()),
             heard: Mutex::new(HashMap::new()),
             counters: ControlCounters::default(),
+            store: None,
+            boot: 0,
+            books_full: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Saves the books to `file` after every change from now on; `boot` is what
+    /// Welcome says.
+    pub fn with_memory_file(mut self, file: MemoryFile, boot: u64) -> ControlService {
+        self.store = Some(Mutex::new(file));
+        self.boot = boot;
+        self
     }
 
     // Sessions are updated in single statements, so poisoning is ignored.
@@ -264,6 +286,12 @@ impl ControlService {
                     (s.secret, true)
                 }
                 None => {
+                    if self.books_full() {
+                        return refuse_and_close(
+                            ErrorCode::NoSpace,
+                            "this memnode's memory file has no room for another session".into(),
+                        );
+                    }
                     let Some(secret) = new_secret() else {
                         log::error!("no randomness for a session secret");
                         return refuse_and_close(
@@ -302,6 +330,7 @@ impl ControlService {
             features: FEATURE_COPY,
             session,
             resumed,
+            boot: self.boot,
         })
     }
 
@@ -744,14 +773,31 @@ impl ControlService {
                     token,
                     session,
                 },
-            ) => self.hello(conn, client_id, &token, session),
+            ) => {
+                let answer = self.hello(conn, client_id, &token, session);
+                if let Response::Welcome { resumed: false, .. } = answer.response {
+                    self.save();
+                }
+                answer
+            }
             (None, _) => refuse_and_close(
                 ErrorCode::NotAuthenticated,
                 "the first request on a connection must be Hello".into(),
             ),
             (Some(client), req) => {
                 self.heard().insert(client, Instant::now());
-                reply(self.serve(client, &conn.peer, req))
+                let changes = changes_books(&req);
+                if changes && self.books_full() && grows_books(&req) {
+                    return reply(Response::error(
+                        ErrorCode::NoSpace,
+                        "this memnode's memory file has no room for more bookkeeping",
+                    ));
+                }
+                let response = self.serve(client, &conn.peer, req);
+                if changes {
+                    self.save();
+                }
+                reply(response)
             }
         }
     }
@@ -788,6 +834,7 @@ impl ControlService {
         drop(clients);
         let how = format!("last conn {} from {} closed", conn.conn_id, conn.peer);
         self.reclaim(client, &revoked, &how);
+        self.save();
     }
 
     /// Ends every session that has had no connection for longer than the grace
@@ -814,6 +861,9 @@ impl ControlService {
         );
         for (client, revoked) in &ended {
             self.reclaim(*client, revoked, &how);
+        }
+        if !expired.is_empty() {
+            self.save();
         }
         expired.len()
     }
@@ -850,6 +900,10 @@ impl ControlService {
         );
     }
 }
+
+#[path = "control_saved.rs"]
+mod saved_books;
+pub use saved_books::{changes_books, grows_books};
 
 #[cfg(test)]
 #[path = "control_tests.rs"]

@@ -150,6 +150,7 @@ fn hello_is_checked_against_the_token() {
             features: rmemfs_common::protocol::FEATURE_COPY,
             session: welcomed(&resp).0,
             resumed: false,
+            boot: 0,
         }
     );
     assert!(!close);

@@ -27,12 +27,15 @@
 mod allocator;
 mod control;
 mod counters;
+mod memfile;
 mod metrics;
 mod pool;
 mod reaper;
 mod region;
+mod saved;
 mod volumes;
 
+pub use memfile::{MemoryFileConfig, MemoryFileError};
 pub use metrics::MemnodeCollector;
 pub use region::RegionError;
 
@@ -78,6 +81,11 @@ pub struct MemnodeConfig {
     /// (a network blip is not a departure). Zero: reclaimed at once.
     /// [`DEFAULT_SESSION_GRACE`] is 15 minutes.
     pub session_grace: Duration,
+    /// Keep the region and the books in this file (`--memory-file`), so that a
+    /// restart of the process comes back as the same instance with every chunk,
+    /// session and volume (see `memfile.rs`). `None`: anonymous memory, a restart
+    /// is a new instance.
+    pub memory_file: Option<MemoryFileConfig>,
 }
 
 /// Why a memnode could not start.
@@ -87,6 +95,11 @@ pub enum MemnodeError {
     TokenTooLong { len: usize },
     #[error(transparent)]
     Region(#[from] RegionError),
+    #[error(transparent)]
+    MemoryFile(#[from] MemoryFileError),
+    /// The books a memory file saved do not fit its region.
+    #[error("memory file {path}: its books do not fit its region ({why}); refusing to serve from it (--memory-file-reset starts it empty, losing what it held)")]
+    Books { path: String, why: String },
     /// The transport asked for cannot be used here (verbs without an RDMA device).
     #[error("cannot use the {transport} transport: {error}")]
     Transport {
@@ -143,16 +156,61 @@ impl Memnode {
         log::info!("transport {transport_choice}");
         let listener =
             fabric::bind(transport, &cfg.listen, cfg.poll).map_err(MemnodeError::Bind)?;
-        let region = Arc::new(region::Region::reserve(cfg.size, cfg.huge_pages)?);
+        let (region, file) = match &cfg.memory_file {
+            None => (region::Region::reserve(cfg.size, cfg.huge_pages)?, None),
+            Some(mf) => {
+                if cfg.huge_pages {
+                    log::warn!("--huge-pages is ignored with a memory file: its filesystem decides the pages (hugetlbfs: huge)");
+                }
+                // The address bound, not the one asked for: a memnode asked for port 0
+                // made its clients hold memory of the port it got.
+                let bound = listener.local_addr().to_string();
+                let opened = memfile::MemoryFile::open(mf, cfg.size, &bound)?;
+                (
+                    opened.region,
+                    Some((opened.file, opened.node_id, opened.boot, opened.saved)),
+                )
+            }
+        };
+        let region = Arc::new(region);
         let pool = Arc::new(pool::ChunkPool::new(region.clone(), listener.registry()));
-        let node_id = random_node_id()?;
-        let control = Arc::new(control::ControlService::new(
+        let node_id = match &file {
+            Some((_, id, _, _)) => *id,
+            None => random_node_id()?,
+        };
+        let mut control = control::ControlService::new(
             pool,
             token.clone(),
             node_id,
             cfg.lease,
             cfg.session_grace,
-        ));
+        );
+        if let Some((mf, _, boot, saved)) = file {
+            let path = mf.path().display().to_string();
+            control = control.with_memory_file(mf, boot);
+            match saved {
+                None => log::info!("memory file {path}: made anew, empty"),
+                Some(saved) => {
+                    let r = control.restore(&saved).map_err(|why| MemnodeError::Books {
+                        path: path.clone(),
+                        why,
+                    })?;
+                    log::info!(
+                        "memory file {path}: restarted as the same memnode (start {boot}): {} sessions, {} volumes, {} chunks ({}) kept{}",
+                        r.sessions,
+                        r.volumes,
+                        r.chunks,
+                        format_size(r.bytes),
+                        if r.freed > 0 {
+                            format!(", {} chunks of ended sessions freed", r.freed)
+                        } else {
+                            String::new()
+                        }
+                    );
+                }
+            }
+        }
+        let control = Arc::new(control);
         let reaper = reaper::Reaper::start(control.clone()).map_err(MemnodeError::Serve)?;
         let server = listener
             .serve(control.clone())
@@ -229,7 +287,7 @@ impl Drop for Memnode {
 }
 
 /// A random non-zero node id.
-fn random_node_id() -> Result<u64, MemnodeError> {
+pub(crate) fn random_node_id() -> Result<u64, MemnodeError> {
     loop {
         match getrandom::u64() {
             Ok(0) => continue,

@@ -83,6 +83,20 @@ struct Cli {
           value_parser = clap::value_parser!(u64).range(0..=7 * 86400))]
     session_grace: u64,
 
+    /// Keep the lent memory and the memnode's books in this file (on tmpfs or
+    /// hugetlbfs), so that a crash or an upgrade of this process loses nothing: a
+    /// memnode started again on the file comes back as the same instance with every
+    /// chunk, session and volume, and clients resume where they were. Made (and its
+    /// room reserved) when missing or empty; a file that is damaged, truncated, of
+    /// another size or another listen address's is refused.
+    #[arg(long, value_name = "PATH")]
+    memory_file: Option<std::path::PathBuf>,
+
+    /// Start the --memory-file empty, as a new memnode, whatever it holds (what it
+    /// held is lost to its clients).
+    #[arg(long, requires = "memory_file")]
+    memory_file_reset: bool,
+
     /// Serve Prometheus metrics over HTTP on this address (GET /metrics; port 0
     /// picks a free port, printed on stdout). Off by default.
     #[arg(long, value_name = "HOST:PORT")]
@@ -129,6 +143,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         poll: std::time::Duration::from_micros(cli.poll_us),
         lease: std::time::Duration::from_secs(cli.lease_secs),
         session_grace: std::time::Duration::from_secs(cli.session_grace),
+        memory_file: cli.memory_file.map(|path| memnode::MemoryFileConfig {
+            path,
+            reset: cli.memory_file_reset,
+        }),
     })
     .with_context(|| format!("starting memnode on {}", cli.listen))?;
     let metrics = match &cli.metrics {

@@ -355,6 +355,18 @@ impl ChunkPool {
         }
     }
 
+    /// Every booking, in address order (what a memory file saves).
+    pub fn bookings(&self) -> Vec<Booking> {
+        lock(&self.allocator).bookings().copied().collect()
+    }
+
+    /// Books `b` again exactly where it was (a memnode restarting on its memory
+    /// file); it is registered for nobody until [`ChunkPool::register`].
+    pub fn rebook(&self, b: Booking) -> Result<(), PoolError> {
+        lock(&self.allocator).book_at(b.owner, b.addr, b.len)?;
+        Ok(())
+    }
+
     pub fn usage(&self) -> Usage {
         let books = lock(&self.allocator);
         Usage {

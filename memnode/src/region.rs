@@ -1,4 +1,6 @@
-//! The lent memory: one anonymous mapping reserved at start and unmapped on drop.
+//! The lent memory: one mapping reserved at start and unmapped on drop: anonymous,
+//! or a shared mapping of a memory file ([`Region::map_file`], `memnode
+//! --memory-file`) whose pages outlive the process.
 //!
 //! The mapping is `MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE`, so reserving a large
 //! region costs address space only; pages become resident as clients write them. With
@@ -12,7 +14,10 @@
 //! range given back is zeroed by [`Region::zero`] before it can be handed out again:
 //! whole pages with `madvise(MADV_DONTNEED)` (which also returns them to the OS, so
 //! RSS falls after frees), anything else, or everything if `madvise` fails, by
-//! writing zeros.
+//! writing zeros. A file mapping is always zeroed by writing: `MADV_DONTNEED` would
+//! only drop this process's view of a shared page, whose bytes stay in the file, and
+//! punching the pages out (`MADV_REMOVE`) would give back the room the memory file
+//! reserved up front, so a later write could find the filesystem full and SIGBUS.
 //!
 //! Access: clients' bytes move in and out through the fabric, which reads and writes
 //! the chunks the pool registered with it (the NIC with verbs, raw pointer copies in
@@ -35,6 +40,13 @@ pub enum RegionError {
     TooSmall { size: u64, page: u64 },
     #[error("region of {0} bytes does not fit in this machine's address space")]
     TooLarge(u64),
+    #[error("cannot map {size} bytes of the memory file at {base:#x}: {source}")]
+    MapFile {
+        size: u64,
+        base: u64,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot reserve {size} bytes of memory: {source}")]
     Map {
         size: u64,
@@ -58,6 +70,8 @@ pub struct Region {
     len: usize,
     granularity: u64,
     huge: bool,
+    /// A shared mapping of a memory file (zeroed by writing zeros).
+    shared: bool,
 }
 
 // SAFETY: `Region` owns its mapping outright (nothing else unmaps it) and only ever
@@ -116,7 +130,73 @@ impl Region {
             len,
             granularity,
             huge,
+            shared: false,
         }
+    }
+
+    /// Maps `len` bytes of `file` from `offset` shared, read/write, at exactly `base`
+    /// (the addresses clients hold are virtual addresses of the region, so a memnode
+    /// restarting on its memory file must put it where it was), or, with `base`
+    /// `None`, at a random address of its own choosing. `granularity` is the page of
+    /// the file's filesystem (2 MiB on hugetlbfs).
+    pub fn map_file(
+        file: &std::fs::File,
+        offset: u64,
+        len: u64,
+        base: Option<u64>,
+        granularity: u64,
+    ) -> Result<Region, RegionError> {
+        use std::os::fd::AsRawFd;
+        let len_usize = usize::try_from(len).map_err(|_| RegionError::TooLarge(len))?;
+        let off = libc::off_t::try_from(offset).map_err(|_| RegionError::TooLarge(offset))?;
+        let candidates: Vec<u64> = match base {
+            Some(b) => vec![b],
+            None => (0..16).filter_map(|_| random_base(len)).collect(),
+        };
+        let mut last = std::io::Error::other("no address to map at");
+        for want in &candidates {
+            // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping (it fails
+            // with EEXIST instead), so no Rust object can be overwritten or aliased;
+            // the fd is open for the call.
+            let p = unsafe {
+                libc::mmap(
+                    *want as *mut libc::c_void,
+                    len_usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE,
+                    file.as_raw_fd(),
+                    off,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                last = std::io::Error::last_os_error();
+                continue;
+            }
+            if p as u64 != *want {
+                // A kernel older than 4.17 takes the flag as a hint only.
+                // SAFETY: p/len are what mmap just returned; nothing refers to it.
+                unsafe { libc::munmap(p, len_usize) };
+                last = std::io::Error::other("the kernel placed the mapping elsewhere");
+                continue;
+            }
+            let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| RegionError::Map {
+                size: len,
+                source: std::io::Error::other("mmap returned a null mapping"),
+            })?;
+            let mut r = Region::new(
+                ptr,
+                len_usize,
+                granularity,
+                granularity > system_page_size(),
+            );
+            r.shared = true;
+            return Ok(r);
+        }
+        Err(RegionError::MapFile {
+            size: len,
+            base: base.unwrap_or(0),
+            source: last,
+        })
     }
 
     /// The address of the first byte; remote addresses are these virtual addresses.
@@ -204,6 +284,10 @@ impl Region {
         let start = self.check(offset, len_usize)?;
         let end = start + len_usize;
         let page = self.granularity as usize;
+        if self.shared {
+            self.fill_zero(start, end);
+            return Ok(());
+        }
         let inner_start = start.div_ceil(page) * page;
         let inner_end = end / page * page;
         if inner_start < inner_end {
@@ -277,6 +361,19 @@ impl Drop for Region {
             log::warn!("munmap failed: {}", std::io::Error::last_os_error());
         }
     }
+}
+
+/// A random 1 GiB-aligned address between 16 and 64 TiB for a memory file's region
+/// of `len` bytes: far from where the kernel puts the heap (just past the program)
+/// and other mappings (below the stack, near 128 TiB), so the same address is
+/// still free when the memnode restarts and maps its file there again.
+fn random_base(len: u64) -> Option<u64> {
+    const LOW: u64 = 16 << 40;
+    const HIGH: u64 = 64 << 40;
+    const ALIGN: u64 = 1 << 30;
+    let span = HIGH.checked_sub(LOW + len.next_multiple_of(ALIGN))? / ALIGN;
+    let r = getrandom::u64().ok()?;
+    Some(LOW + (r % span.max(1)) * ALIGN)
 }
 
 /// mmaps `len` bytes of private anonymous read/write memory with `extra` flags;

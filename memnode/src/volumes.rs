@@ -513,6 +513,67 @@ impl VolumeTable {
             .map(|(_, v)| v)
     }
 
+    /// What a memory file saves of the table: each volume (id, name, root,
+    /// holder), the fenced clients, the last id handed out.
+    pub fn saved(&self) -> (Vec<crate::saved::SavedVolume>, Vec<u64>, u64) {
+        let volumes = self
+            .volumes
+            .values()
+            .map(|v| crate::saved::SavedVolume {
+                id: v.id,
+                name: v.name.clone(),
+                root: v.root,
+                holder: v.holder.as_ref().map_or(0, |h| h.client),
+            })
+            .collect();
+        (volumes, self.fenced.iter().copied().collect(), self.last_id)
+    }
+
+    /// Puts back a saved volume, unheld, with its chunks (address -> length, the
+    /// root among them). Refused, changing nothing, when the name or id is taken or
+    /// the root is not one of the chunks.
+    pub fn restore(
+        &mut self,
+        id: u64,
+        name: &[u8],
+        root: u64,
+        chunks: &BTreeMap<u64, u64>,
+    ) -> Result<(), String> {
+        if self.volumes.contains_key(name) || self.volumes.values().any(|v| v.id == id) {
+            return Err(format!("volume {} (id {id}) is saved twice", show(name)));
+        }
+        if !chunks.contains_key(&root) {
+            return Err(format!(
+                "volume {}'s root {root:#x} is not among its chunks",
+                show(name)
+            ));
+        }
+        let chunks: BTreeMap<u64, VolumeChunk> = chunks
+            .iter()
+            .map(|(&addr, &len)| (addr, VolumeChunk { len, rkey: None }))
+            .collect();
+        let bytes = chunks.values().map(|c| c.len).sum();
+        self.last_id = self.last_id.max(id);
+        self.volumes.insert(
+            name.to_vec(),
+            Volume {
+                id,
+                name: name.to_vec(),
+                root,
+                chunks,
+                bytes,
+                holder: None,
+            },
+        );
+        Ok(())
+    }
+
+    /// Puts back the saved fenced clients and last volume id.
+    pub fn restore_fences(&mut self, fenced: &[u64], last_id: u64) {
+        self.fenced.extend(fenced.iter().copied());
+        self.last_id = self.last_id.max(last_id);
+    }
+
     pub fn summaries(&self) -> Vec<VolumeSummary> {
         self.volumes.values().map(Volume::summary).collect()
     }

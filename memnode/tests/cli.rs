@@ -317,3 +317,60 @@ fn an_unknown_transport_is_a_usage_error_with_exit_code_2() {
         "the error must name the option and the value: {err}"
     );
 }
+
+#[test]
+fn a_memory_file_of_another_size_is_refused_and_reset_needs_a_memory_file() {
+    let (status, err) = run_to_exit(&["--memory-file-reset", "--size", "4M"]);
+    assert_eq!(
+        status.code(),
+        Some(2),
+        "reset alone is a usage error: {err}"
+    );
+    assert!(err.contains("--memory-file"), "{err}");
+
+    let dir = std::env::temp_dir().join(format!("memnode-cli-memfile-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    let file = dir.join("memory");
+    let file = file.to_str().expect("a UTF-8 path");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .to_string();
+    let base = [
+        "--transport",
+        "tcp",
+        "--listen",
+        &port,
+        "--memory-file",
+        file,
+    ];
+    let mut first = spawn_as_is(&[&base[..], &["--size", "4M"]].concat(), None);
+    let pid = i32::try_from(first.child.id()).expect("pid fits in i32");
+    // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    assert!(wait_exit(&mut first.child).success());
+    let (status, err) = run_to_exit(&[&base[..], &["--size", "8M"]].concat());
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "another size must refuse to start: {err}"
+    );
+    assert!(
+        err.contains("holds a region of") && err.contains("--size"),
+        "the refusal must say why: {err}"
+    );
+    let (status, err) = run_to_exit(&[
+        "--transport",
+        "tcp",
+        "--listen",
+        "127.0.0.1:0",
+        "--memory-file",
+        file,
+        "--size",
+        "4M",
+    ]);
+    assert_eq!(status.code(), Some(1), "another address must refuse: {err}");
+    assert!(err.contains(&format!("--listen {port}")), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -47,7 +47,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/lib.sh"
 
 transport=verbs
-tests=round_trip,full_remote_memory,posix,remote_memory_reclaim,remote_traffic,replication:two_replicas_survive,replication:one_replica_losing,transient_faults:stalled,transient_faults:not_rolled_back,fabricbench,volumes:second_fsd_is_refused_and_takeover_fences,volumes:rmemfs_volume_list_and_destroy,volumes_damage,integrity
+tests=round_trip,full_remote_memory,posix,remote_memory_reclaim,remote_traffic,replication:two_replicas_survive,replication:one_replica_losing,transient_faults:stalled,transient_faults:not_rolled_back,transient_faults:memory_file,fabricbench,volumes:second_fsd_is_refused_and_takeover_fences,volumes:rmemfs_volume_list_and_destroy,volumes_damage,integrity
 timeout_s=1000
 mem=2048
 smp=2

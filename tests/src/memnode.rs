@@ -59,11 +59,17 @@ impl MemnodeProc {
     /// may still be held for a moment after the old process died, so a memnode that
     /// exits before listening is started again for up to 10 s.
     pub fn start_at(addr: &str, size: &str) -> MemnodeProc {
+        MemnodeProc::start_at_with(addr, size, &[])
+    }
+
+    /// As [`MemnodeProc::start_at`], with extra arguments (a memnode restarted on its
+    /// `--memory-file`).
+    pub fn start_at_with(addr: &str, size: &str, extra: &[&str]) -> MemnodeProc {
         let transport = transport::transport();
         transport::announce(transport, false, "memnode");
         let deadline = Instant::now() + REBIND_LIMIT;
         loop {
-            match MemnodeProc::spawn(transport, addr, size, &[]) {
+            match MemnodeProc::spawn(transport, addr, size, extra) {
                 Ok(m) => {
                     assert_eq!(
                         m.addr, addr,

@@ -27,6 +27,7 @@ fn start_node(listen: &str) -> memnode::Memnode {
         poll: std::time::Duration::ZERO,
         lease: memnode::DEFAULT_LEASE,
         session_grace: memnode::DEFAULT_SESSION_GRACE,
+        memory_file: None,
     })
     .expect("memnode starts")
 }

@@ -51,6 +51,7 @@ fn rig_soft(
         poll: std::time::Duration::ZERO,
         lease: memnode::DEFAULT_LEASE,
         session_grace: memnode::DEFAULT_SESSION_GRACE,
+        memory_file: None,
     })
     .expect("memnode starts");
     let addr = node.local_addr().to_string();

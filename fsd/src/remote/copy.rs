@@ -215,6 +215,20 @@ impl RemoteStore {
         if link.epoch != epoch {
             return Err(RemoteError::Lost);
         }
+        let remapped: Vec<CopySpan>;
+        let spans = if link.remap.is_some() {
+            remapped = spans
+                .iter()
+                .map(|s| CopySpan {
+                    src_rkey: link.rkey(s.src_addr, s.src_rkey),
+                    dst_rkey: link.rkey(s.dst_addr, s.dst_rkey),
+                    ..*s
+                })
+                .collect();
+            &remapped
+        } else {
+            spans
+        };
         let copied =
             control::copy(link.control(), spans).map_err(|e| node.control_error(link.epoch, e))?;
         if copied != bytes {

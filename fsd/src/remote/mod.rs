@@ -673,6 +673,8 @@ impl RemoteStore {
         if link.epoch != epoch {
             return;
         }
+        let rkey = link.rkey(addr, rkey);
+        link.forget_chunk(addr);
         match control::free(link.control(), addr, rkey) {
             Ok(()) => {
                 self.counters.chunk_frees.fetch_add(1, Ordering::Relaxed);
@@ -783,6 +785,12 @@ impl RemoteStore {
             reads += is_read as u64;
             posted.push(k);
             rdma.push(op.reborrow());
+        }
+        if link.remap.is_some() {
+            for op in &mut rdma {
+                let (RdmaOp::Read { remote, .. } | RdmaOp::Write { remote, .. }) = op;
+                remote.rkey = link.rkey(remote.addr, remote.rkey);
+            }
         }
         let started = Instant::now();
         let outcomes = link.endpoint().execute(&mut rdma);
@@ -1414,6 +1422,7 @@ mod tests {
             poll: std::time::Duration::ZERO,
             lease: memnode::DEFAULT_LEASE,
             session_grace: memnode::DEFAULT_SESSION_GRACE,
+            memory_file: None,
         })
         .expect("memnode starts");
         let connect: Arc<Connector> = Arc::new(|peer: &str, _client: u64| {

@@ -28,6 +28,13 @@
 //!   past the dead time ([`LinkConfig::dead_time`]), or when [`Node::declare_lost`] is
 //!   called. The next link of a lost node starts a new session under a new client id
 //!   (`client_id + epoch`), so fsd never resumes memory it has given up on.
+//!
+//! A memnode restarted on its memory file (`memnode --memory-file`) answers as the
+//! same instance and resumes the session with every chunk, but its chunks are
+//! registered anew: their rkeys changed (its Welcome's `boot` says so). fsd then
+//! lists the session's (or volume's) chunks once and sends every operation on a
+//! chunk it held before under the chunk's new rkey ([`RkeyRemap`], looked up by
+//! address), so no copy, block map or metadata of fsd's has to change.
 
 use super::placement::Replica;
 use super::pool::BlockPool;
@@ -37,8 +44,10 @@ use crate::affinity;
 use rmemfs_common::control::{self, ControlError, VolumeInfo};
 use rmemfs_common::cpus::process_cpus;
 use rmemfs_common::fabric::{Endpoint, FabricError};
+use rmemfs_common::protocol::Allocation;
 use rmemfs_common::protocol::{NodeStats, SessionSecret};
 use rmemfs_common::size::format_size;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
@@ -77,6 +86,42 @@ pub(super) struct Link {
     pub volume: Option<VolumeInfo>,
     /// What the memnode serves beyond the first messages (`protocol::FEATURE_*`).
     pub features: u32,
+    /// The memnode's restarts on its memory file, as its Welcome said.
+    pub boot: u64,
+    /// The rkeys of the chunks fsd held before the memnode restarted on its memory
+    /// file (`None`: it never did while fsd held them).
+    pub remap: Option<Arc<RkeyRemap>>,
+}
+
+/// The current rkey of each chunk fsd held when its memnode restarted on its memory
+/// file, by address: fsd's copies, pools and metadata keep the rkeys they were given,
+/// and each operation is sent under the chunk's current one. A chunk allocated since
+/// is not here (its rkey is current); a chunk freed is taken out, so a new chunk at
+/// its address keeps its own.
+pub(super) struct RkeyRemap {
+    /// Chunk start -> (length, current rkey).
+    chunks: Mutex<BTreeMap<u64, (u64, u32)>>,
+}
+
+impl RkeyRemap {
+    fn new(chunks: &[Allocation]) -> RkeyRemap {
+        RkeyRemap {
+            chunks: Mutex::new(chunks.iter().map(|c| (c.addr, (c.len, c.rkey))).collect()),
+        }
+    }
+
+    /// The rkey to send an access at `addr` under, given the one fsd holds.
+    fn rkey(&self, addr: u64, held: u32) -> u32 {
+        let chunks = lock(&self.chunks);
+        match chunks.range(..=addr).next_back() {
+            Some((&start, &(len, rkey))) if addr - start < len => rkey,
+            _ => held,
+        }
+    }
+
+    fn forget(&self, addr: u64) {
+        lock(&self.chunks).remove(&addr);
+    }
 }
 
 /// Who a link says it is: the client id and its session on the memnode.
@@ -113,6 +158,7 @@ impl Link {
         let mut capacity = 0;
         let mut node_id = 0;
         let mut features = 0;
+        let mut boot = 0;
         for _ in 0..cfg.connections.max(1) {
             let ep = connector(name, client_id).map_err(|error| RemoteError::Fabric {
                 node: name.to_string(),
@@ -134,6 +180,7 @@ impl Link {
             capacity = welcome.capacity;
             node_id = welcome.node_id;
             features = welcome.features;
+            boot = welcome.boot;
             if !welcome.session.is_none() {
                 secret = welcome.session;
             }
@@ -165,6 +212,8 @@ impl Link {
             node_id,
             volume,
             features,
+            boot,
+            remap: None,
         };
         Ok(Opened {
             link,
@@ -190,6 +239,22 @@ impl Link {
     /// take only when all the others are busy.
     pub fn control(&self) -> &dyn Endpoint {
         self.endpoints[self.endpoints.len() - 1].as_ref()
+    }
+
+    /// The rkey to access `addr` under, given the one fsd holds for it: the same
+    /// unless the memnode restarted on its memory file since fsd got it.
+    pub fn rkey(&self, addr: u64, held: u32) -> u32 {
+        match &self.remap {
+            None => held,
+            Some(m) => m.rkey(addr, held),
+        }
+    }
+
+    /// The chunk at `addr` is being freed: a later chunk there has its own rkey.
+    pub fn forget_chunk(&self, addr: u64) {
+        if let Some(m) = &self.remap {
+            m.forget(addr);
+        }
     }
 }
 
@@ -249,6 +314,11 @@ struct State {
     session: Session,
     /// The memnode instance whose memory holds this epoch's copies (0: none yet).
     node_id: u64,
+    /// Its restarts on its memory file when fsd last had a link to it.
+    boot: u64,
+    /// The rkeys of this epoch's chunks from before the memnode restarted, kept
+    /// while unreachable for the next link of the same boot.
+    remap: Option<Arc<RkeyRemap>>,
 }
 
 /// The blocks fsd holds on a node, and the epoch they belong to.
@@ -325,6 +395,7 @@ impl Node {
             cfg.connections
         );
         let node_id = opened.link.node_id;
+        let boot = opened.link.boot;
         Ok(Node::with_state(
             name,
             cfg,
@@ -337,6 +408,8 @@ impl Node {
                     ..session
                 },
                 node_id,
+                boot,
+                remap: None,
             },
         ))
     }
@@ -358,6 +431,8 @@ impl Node {
                     secret: SessionSecret::NONE,
                 },
                 node_id: 0,
+                boot: 0,
+                remap: None,
             },
         )
     }
@@ -509,6 +584,7 @@ impl Node {
         };
         s.epoch = old.wrapping_add(1);
         s.node_id = 0;
+        s.remap = None;
         s.session = Session {
             client: self.base_client.wrapping_add(s.epoch as u64),
             secret: SessionSecret::NONE,
@@ -600,6 +676,8 @@ impl Node {
             // new epoch's.
             link.epoch = s.epoch;
             s.node_id = link.node_id;
+            s.boot = link.boot;
+            s.remap = None;
             s.session = Session {
                 client: session.client,
                 secret: opened.secret,
@@ -611,12 +689,36 @@ impl Node {
             }
         } else {
             s.session.secret = opened.secret;
-            self.events.resumed.fetch_add(1, Ordering::Relaxed);
             // Before the link is published, so no allocation of fsd's own can be
             // under way on it.
-            if cfg.volume.is_none() {
-                self.free_orphan_chunks(&link);
+            let restarted = link.boot != s.boot;
+            let chunks = if restarted || cfg.volume.is_none() {
+                match self.held_chunks(&link, cfg) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        drop(s);
+                        return Err(e);
+                    }
+                }
+            } else {
+                Vec::new()
+            };
+            if restarted {
+                log::warn!(
+                    "memnode {} restarted on its memory file (start {}, was {}): its {} chunks are kept under new rkeys",
+                    self.name,
+                    link.boot,
+                    s.boot,
+                    chunks.len()
+                );
+                s.remap = Some(Arc::new(RkeyRemap::new(&chunks)));
+                s.boot = link.boot;
             }
+            link.remap = s.remap.clone();
+            if cfg.volume.is_none() {
+                self.free_orphan_chunks(&link, chunks);
+            }
+            self.events.resumed.fetch_add(1, Ordering::Relaxed);
         }
         let epoch = s.epoch;
         s.link = Some(Arc::new(link));
@@ -640,17 +742,25 @@ impl Node {
         Ok(())
     }
 
+    /// The chunks the resumed session can reach, with their current rkeys: its
+    /// scratch chunks, or its volume's (the root among them).
+    fn held_chunks(&self, link: &Link, cfg: &LinkConfig) -> Result<Vec<Allocation>, RemoteError> {
+        let listed = match cfg.volume {
+            None => control::session_chunks(link.control()),
+            Some(_) => control::volume_chunks(link.control()),
+        };
+        let mut chunks = listed.map_err(|error| RemoteError::Control {
+            node: self.name.clone(),
+            error,
+        })?;
+        chunks.extend(link.volume.map(|v| v.root));
+        Ok(chunks)
+    }
+
     /// Gives back the scratch chunks the resumed session holds that the pool does not
     /// know: an Alloc the memnode served while the connection broke, whose reply
     /// never came. (A volume's such chunk is found unreferenced at its next mount.)
-    fn free_orphan_chunks(&self, link: &Link) {
-        let chunks = match control::session_chunks(link.control()) {
-            Ok(c) => c,
-            Err(e) => {
-                log::warn!("memnode {}: listing the session's chunks: {e}", self.name);
-                return;
-            }
-        };
+    fn free_orphan_chunks(&self, link: &Link, chunks: Vec<Allocation>) {
         let orphans: Vec<_> = {
             let pool = lock(&self.pool);
             chunks
@@ -659,6 +769,7 @@ impl Node {
                 .collect()
         };
         for c in &orphans {
+            link.forget_chunk(c.addr);
             match control::free(link.control(), c.addr, c.rkey) {
                 Ok(()) => log::info!(
                     "memnode {}: gave back chunk {:#x} ({}), allocated while the connection broke",

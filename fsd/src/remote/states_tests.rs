@@ -21,6 +21,7 @@ fn start_node(listen: &str) -> memnode::Memnode {
         poll: Duration::ZERO,
         lease: memnode::DEFAULT_LEASE,
         session_grace: Duration::from_secs(60),
+        memory_file: None,
     })
     .expect("memnode starts")
 }

@@ -38,6 +38,7 @@ fn start_with(size: u64, token: Option<&[u8]>, lease: Duration) -> Memnode {
         // Reclaimed at once, as the tests of reclaim expect; the session tests
         // (sessions.rs) set their own.
         session_grace: Duration::ZERO,
+        memory_file: None,
     })
     .expect("a memnode on 127.0.0.1:0 starts")
 }

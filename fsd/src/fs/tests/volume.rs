@@ -26,6 +26,7 @@ fn memnode_of(size: u64) -> memnode::Memnode {
         // A dropped fsd (a crash) lets go of the volume at once, as these tests of
         // crashes expect; the session tests are in memnode and tests/.
         session_grace: Duration::ZERO,
+        memory_file: None,
     })
     .expect("memnode starts")
 }

@@ -1,0 +1,208 @@
+//! The books on a memory file: saved after every change, put back at start.
+//!
+//! **When.** After every request that changes them (a new session, Alloc, Free,
+//! the volume requests) the books are saved before the reply goes out, so a client
+//! never holds a chunk, a session or a volume that a restart would not bring back.
+//! A session reclaimed (its grace ran out, or it ended) is saved after it is zeroed
+//! and freed; a crash in between brings it back, to be reclaimed again. A chunk is
+//! zeroed before its booking goes, so every range the saved books call free reads
+//! as zero: a restart never lends someone's old bytes.
+//!
+//! **Restoring.** Each booking is booked again where it was; each session comes
+//! back with its secret and no connection, its grace running from the restart; each
+//! volume comes back, held again by its holder when the holder's session came back
+//! (its lease running from the restart). Chunks are registered anew for whoever
+//! may reach them: the rkeys change (a NIC hands out its own), and the boot count
+//! in Welcome tells a resuming client to fetch them again. Scratch chunks of a
+//! session that did not come back (it was ending) are zeroed and freed.
+//!
+//! Lock order: the store, then `clients`, then `volumes`, then the pool, so a save
+//! sees one moment of the books. Nothing takes the store while holding another
+//! lock; [`ControlService::books_full`] is an atomic for that reason.
+
+use super::{ControlService, Holder, Session};
+use crate::allocator::Owner;
+use crate::saved::SavedState;
+use rmemfs_common::protocol::Request;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// True for the requests whose effects the memory file must keep.
+pub fn changes_books(req: &Request) -> bool {
+    matches!(
+        req,
+        Request::Alloc { .. }
+            | Request::Free { .. }
+            | Request::VolumeOpen { .. }
+            | Request::VolumeClose
+            | Request::VolumeDestroy { .. }
+    )
+}
+
+/// True for the requests that add to the books (refused once they are nearly full).
+pub fn grows_books(req: &Request) -> bool {
+    matches!(
+        req,
+        Request::Alloc { .. } | Request::VolumeOpen { create: true, .. }
+    )
+}
+
+/// What [`ControlService::restore`] put back, for the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Restored {
+    pub sessions: usize,
+    pub volumes: usize,
+    pub chunks: usize,
+    pub bytes: u64,
+    /// Chunks of sessions that did not come back, freed.
+    pub freed: usize,
+}
+
+impl ControlService {
+    pub(super) fn books_full(&self) -> bool {
+        self.books_full.load(Ordering::Relaxed)
+    }
+
+    /// Saves the books to the memory file, if there is one.
+    pub(super) fn save(&self) {
+        let Some(store) = &self.store else { return };
+        let mut file = store.lock().unwrap_or_else(|e| e.into_inner());
+        let mut books = self.books();
+        match file.save(&mut books) {
+            Ok(()) => self.books_full.store(file.nearly_full(), Ordering::Relaxed),
+            Err(e) => {
+                // Nothing more may be lent that a restart would not know of.
+                self.books_full.store(true, Ordering::Relaxed);
+                log::error!(
+                    "cannot save the books to memory file {}: {e}; refusing new sessions and allocations",
+                    file.path().display()
+                );
+            }
+        }
+    }
+
+    /// The books now (sessions that are ending are left out: a restart frees their
+    /// memory, as their last connection closing would).
+    fn books(&self) -> SavedState {
+        let clients = self.clients();
+        let vols = self.volumes();
+        let (volumes, fenced, last_volume_id) = vols.saved();
+        let sessions = clients
+            .iter()
+            .filter(|(_, s)| !s.ending)
+            .map(|(&client, s)| crate::saved::SavedSession {
+                client,
+                secret: s.secret,
+            })
+            .collect();
+        let bookings = self.pool.bookings();
+        SavedState {
+            seq: 0,
+            last_volume_id,
+            sessions,
+            volumes,
+            fenced,
+            bookings,
+        }
+    }
+
+    /// Puts back the books a memory file saved, before serving (see the module
+    /// docs), and saves them again. An error means the saved books do not fit this
+    /// region: nothing should be served from it.
+    pub fn restore(&self, saved: &SavedState) -> Result<Restored, String> {
+        for b in &saved.bookings {
+            self.pool.rebook(*b).map_err(|e| {
+                format!(
+                    "chunk {:#x}+{:#x} cannot be booked again: {e}",
+                    b.addr, b.len
+                )
+            })?;
+        }
+        let now = Instant::now();
+        let mut clients = self.clients();
+        for s in &saved.sessions {
+            clients.insert(
+                s.client,
+                Session {
+                    secret: s.secret,
+                    connections: 0,
+                    idle_since: Some(now),
+                    ending: false,
+                },
+            );
+        }
+        let mut vols = self.volumes();
+        vols.restore_fences(&saved.fenced, saved.last_volume_id);
+        let mut by_volume: HashMap<u64, BTreeMap<u64, u64>> = HashMap::new();
+        for b in &saved.bookings {
+            if let Owner::Volume(id) = b.owner {
+                by_volume.entry(id).or_default().insert(b.addr, b.len);
+            }
+        }
+        let empty = BTreeMap::new();
+        for v in &saved.volumes {
+            vols.restore(
+                v.id,
+                &v.name,
+                v.root,
+                by_volume.get(&v.id).unwrap_or(&empty),
+            )?;
+        }
+        let volume_ids: HashSet<u64> = saved.volumes.iter().map(|v| v.id).collect();
+        let mut restored = Restored {
+            sessions: clients.len(),
+            volumes: saved.volumes.len(),
+            chunks: 0,
+            bytes: 0,
+            freed: 0,
+        };
+        let mut orphans = Vec::new();
+        for b in &saved.bookings {
+            match b.owner {
+                Owner::Client(c) if clients.contains_key(&c) => {
+                    self.pool
+                        .register(b.owner, c, b.addr)
+                        .map_err(|e| format!("chunk {:#x}: {e}", b.addr))?;
+                }
+                Owner::Volume(id) if volume_ids.contains(&id) => {}
+                _ => {
+                    orphans.push(*b);
+                    continue;
+                }
+            }
+            restored.chunks += 1;
+            restored.bytes += b.len;
+        }
+        for v in &saved.volumes {
+            if v.holder == 0 || !clients.contains_key(&v.holder) {
+                continue;
+            }
+            let mut rkeys = Vec::new();
+            for addr in vols.get(&v.name).map(|x| x.addrs()).unwrap_or_default() {
+                let c = self
+                    .pool
+                    .register(Owner::Volume(v.id), v.holder, addr)
+                    .map_err(|e| format!("chunk {addr:#x} of volume {}: {e}", v.id))?;
+                rkeys.push((addr, c.rkey));
+            }
+            let holder = Holder {
+                client: v.holder,
+                peer: "(before the memnode restarted)".into(),
+                since: now,
+            };
+            if !vols.hold(&v.name, holder, &rkeys) {
+                return Err(format!("volume {} cannot be held again", v.id));
+            }
+            self.heard().insert(v.holder, now);
+        }
+        drop(vols);
+        drop(clients);
+        for b in &orphans {
+            restored.freed += 1;
+            self.pool.release_unregistered(b.owner, &[b.addr]);
+        }
+        self.save();
+        Ok(restored)
+    }
+}
