@@ -315,12 +315,19 @@ fn memnodes_restarted_on_their_memory_files_lose_nothing(volume: bool, replicas:
     write_file_to_remote(&fsd, &pattern);
     let used: Vec<u64> = memnodes.iter().map(|m| m.stats().used).collect();
 
+    // The writer is a process of its own (dd): a file of this process open on the
+    // mount would be flushed when the new memnode's exec closes it, which waits for
+    // the memnode being started (a harness deadlock, not fsd's).
     let other = pattern.derive(1);
+    let source = files.0.join("source");
+    other.write_file(&source, FILE);
     let path = fsd.join("written-across-the-restart");
-    let writer = {
-        let (other, path) = (other, path.clone());
-        std::thread::spawn(move || other.write_file(&path, FILE))
-    };
+    let mut writer = std::process::Command::new("dd")
+        .arg(format!("if={}", source.display()))
+        .arg(format!("of={}", path.display()))
+        .args(["bs=1M", "conv=fsync", "status=none"])
+        .spawn()
+        .expect("dd starts");
     std::thread::sleep(Duration::from_millis(300));
     for (i, m) in memnodes.iter_mut().enumerate() {
         let addr = m.addr().to_string();
@@ -336,10 +343,14 @@ fn memnodes_restarted_on_their_memory_files_lose_nothing(volume: bool, replicas:
             m.stats().used
         );
     }
-    within(LIMIT, "the writer across the restart", move || {
-        writer.join()
+    let status = within(LIMIT, "the writer across the restart", move || {
+        writer.wait()
     })
-    .expect("the writer across the restart must finish without an error");
+    .expect("waiting for dd");
+    assert!(
+        status.success(),
+        "{what}: the writer across the restart must finish without an error: {status}"
+    );
     verify_within(&fsd.join("data"), &pattern, "reading after the restart");
     fsd.push_out_of_cache(CACHE, 64 * 1024);
     let p = path.clone();
