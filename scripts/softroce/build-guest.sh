@@ -248,7 +248,9 @@ done
 # The rxe provider: libibverbs dlopens it after reading /etc/libibverbs.d/rxe.driver,
 # so ldd of the tools never lists it. Only rxe's .driver file goes in, so libibverbs
 # does not try (and warn about) the other providers.
-provider="$(dpkg -L ibverbs-providers | grep '/librxe-rdmav[0-9]*\.so$' | head -n 1)"
+# The filters read all their input (no `head`, no awk `exit`): a reader that stops
+# early makes the writer die of SIGPIPE, which pipefail turns into a failure.
+provider="$(dpkg -L ibverbs-providers | awk '/\/librxe-rdmav[0-9]*\.so$/ && !n++')"
 if [ -z "$provider" ] || [ ! -f "$provider" ]; then
     die "ibverbs-providers has no librxe-rdmav*.so"
 fi
@@ -258,7 +260,7 @@ put_file /etc/libibverbs.d/rxe.driver /etc/libibverbs.d/rxe.driver
 
 # glibc dlopens libgcc_s.so.1 when a thread exits (pthread_exit/cancel unwinding);
 # ldd does not list it, and without it threaded programs abort at exit.
-libgcc="$(ldconfig -p | awk '/libgcc_s\.so\.1 .*x86-64/ {print $NF; exit}')"
+libgcc="$(ldconfig -p | awk '/libgcc_s\.so\.1 .*x86-64/ && !n++ {print $NF}')"
 [ -n "$libgcc" ] || die "libgcc_s.so.1 not found on the host (package libgcc-s1)"
 put_file "$libgcc" "$libgcc"
 

@@ -325,7 +325,7 @@ fn memnodes_restarted_on_their_memory_files_lose_nothing(volume: bool, replicas:
     let mut writer = std::process::Command::new("dd")
         .arg(format!("if={}", source.display()))
         .arg(format!("of={}", path.display()))
-        .args(["bs=1M", "conv=fsync", "status=none"])
+        .args(["bs=1M", "conv=fsync"])
         .spawn()
         .expect("dd starts");
     std::thread::sleep(Duration::from_millis(300));
