@@ -94,6 +94,9 @@ struct Session {
     idle_since: Option<Instant>,
     /// The client said `SessionEnd`: no grace period.
     ending: bool,
+    /// Put back by a restart on the memory file: its chunks are registered when
+    /// its first Hello comes (see `control_saved.rs`).
+    unregistered: bool,
 }
 
 /// A new random session secret (never all zeros, which means "none").
@@ -272,6 +275,20 @@ impl ControlService {
                                 .into(),
                         );
                     }
+                    if s.unregistered {
+                        if let Err(e) = self.register_restored(client_id) {
+                            log::error!(
+                                "client {client_id:#x}: cannot register its chunks again after the restart: {e}"
+                            );
+                            return refuse_and_close(
+                                ErrorCode::NoSpace,
+                                format!(
+                                    "the memnode cannot register this session's memory again: {e}"
+                                ),
+                            );
+                        }
+                        s.unregistered = false;
+                    }
                     s.connections += 1;
                     if let Some(since) = s.idle_since.take() {
                         self.counters
@@ -311,6 +328,7 @@ impl ControlService {
                             connections: 1,
                             idle_since: None,
                             ending: false,
+                            unregistered: false,
                         },
                     );
                     (secret, false)

@@ -11,10 +11,14 @@
 //! **Restoring.** Each booking is booked again where it was; each session comes
 //! back with its secret and no connection, its grace running from the restart; each
 //! volume comes back, held again by its holder when the holder's session came back
-//! (its lease running from the restart). Chunks are registered anew for whoever
-//! may reach them: the rkeys change (a NIC hands out its own), and the boot count
-//! in Welcome tells a resuming client to fetch them again. Scratch chunks of a
-//! session that did not come back (it was ending) are zeroed and freed.
+//! (its lease running from the restart). No chunk is registered yet: over verbs a
+//! registration goes into the protection domain of its client's connection, so a
+//! session's chunks (and its volume's) are registered anew when its first Hello
+//! after the restart comes ([`ControlService::register_restored`]). Their rkeys
+//! change (a NIC hands out its own), and the boot count in Welcome tells the
+//! resuming client to fetch them again. Scratch chunks of a session that did not
+//! come back (it was ending) are zeroed and freed; those of a session that is not
+//! resumed within its grace are reclaimed as any session's.
 //!
 //! Lock order: the store, then `clients`, then `volumes`, then the pool, so a save
 //! sees one moment of the books. Nothing takes the store while holding another
@@ -24,7 +28,7 @@ use super::{ControlService, Holder, Session};
 use crate::allocator::Owner;
 use crate::saved::SavedState;
 use rmemfs_common::protocol::Request;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -62,6 +66,47 @@ pub struct Restored {
 impl ControlService {
     pub(super) fn books_full(&self) -> bool {
         self.books_full.load(Ordering::Relaxed)
+    }
+
+    /// Registers, for `client` whose session came back after a restart (its first
+    /// Hello, on a connection of its own), its scratch chunks and those of the volume
+    /// it holds. On an error nothing stays registered, and the Hello is refused.
+    pub(super) fn register_restored(&self, client: u64) -> Result<(), String> {
+        let mut vols = self.volumes();
+        let mut done: Vec<u32> = Vec::new();
+        let undo = |done: &[u32], e: String| {
+            for rkey in done {
+                self.pool.deregister(*rkey);
+            }
+            Err(e)
+        };
+        for addr in self.pool.unregistered_of(Owner::Client(client)) {
+            match self.pool.register(Owner::Client(client), client, addr) {
+                Ok(c) => done.push(c.rkey),
+                Err(e) => return undo(&done, format!("chunk {addr:#x}: {e}")),
+            }
+        }
+        let scratch = done.len();
+        if let Some((id, addrs)) = vols.unregistered_of(client) {
+            let mut rkeys = Vec::with_capacity(addrs.len());
+            for addr in addrs {
+                match self.pool.register(Owner::Volume(id), client, addr) {
+                    Ok(c) => {
+                        done.push(c.rkey);
+                        rkeys.push((addr, c.rkey));
+                    }
+                    Err(e) => return undo(&done, format!("chunk {addr:#x} of volume {id}: {e}")),
+                }
+            }
+            if !vols.set_rkeys(client, &rkeys) {
+                return undo(&done, format!("volume {id} refused its registrations"));
+            }
+        }
+        log::info!(
+            "client {client:#x} is back after the memnode restarted: {scratch} scratch and {} volume chunks registered anew",
+            done.len() - scratch
+        );
+        Ok(())
     }
 
     /// Saves the books to the memory file, if there is one.
@@ -129,6 +174,7 @@ impl ControlService {
                     connections: 0,
                     idle_since: Some(now),
                     ending: false,
+                    unregistered: true,
                 },
             );
         }
@@ -149,7 +195,8 @@ impl ControlService {
                 by_volume.get(&v.id).unwrap_or(&empty),
             )?;
         }
-        let volume_ids: HashSet<u64> = saved.volumes.iter().map(|v| v.id).collect();
+        let volume_ids: std::collections::HashSet<u64> =
+            saved.volumes.iter().map(|v| v.id).collect();
         let mut restored = Restored {
             sessions: clients.len(),
             volumes: saved.volumes.len(),
@@ -159,39 +206,27 @@ impl ControlService {
         };
         let mut orphans = Vec::new();
         for b in &saved.bookings {
-            match b.owner {
-                Owner::Client(c) if clients.contains_key(&c) => {
-                    self.pool
-                        .register(b.owner, c, b.addr)
-                        .map_err(|e| format!("chunk {:#x}: {e}", b.addr))?;
-                }
-                Owner::Volume(id) if volume_ids.contains(&id) => {}
-                _ => {
-                    orphans.push(*b);
-                    continue;
-                }
+            let kept = match b.owner {
+                Owner::Client(c) => clients.contains_key(&c),
+                Owner::Volume(id) => volume_ids.contains(&id),
+            };
+            if kept {
+                restored.chunks += 1;
+                restored.bytes += b.len;
+            } else {
+                orphans.push(*b);
             }
-            restored.chunks += 1;
-            restored.bytes += b.len;
         }
         for v in &saved.volumes {
             if v.holder == 0 || !clients.contains_key(&v.holder) {
                 continue;
-            }
-            let mut rkeys = Vec::new();
-            for addr in vols.get(&v.name).map(|x| x.addrs()).unwrap_or_default() {
-                let c = self
-                    .pool
-                    .register(Owner::Volume(v.id), v.holder, addr)
-                    .map_err(|e| format!("chunk {addr:#x} of volume {}: {e}", v.id))?;
-                rkeys.push((addr, c.rkey));
             }
             let holder = Holder {
                 client: v.holder,
                 peer: "(before the memnode restarted)".into(),
                 since: now,
             };
-            if !vols.hold(&v.name, holder, &rkeys) {
+            if !vols.hold_unregistered(&v.name, holder) {
                 return Err(format!("volume {} cannot be held again", v.id));
             }
             self.heard().insert(v.holder, now);

@@ -297,12 +297,27 @@ impl ChunkPool {
             .any(|c| c.owner == Owner::Client(client))
     }
 
+    /// Addresses of `owner`'s bookings that no registration covers (a memnode
+    /// restarted on its memory file registers them when their client is back).
+    pub fn unregistered_of(&self, owner: Owner) -> Vec<u64> {
+        let registered: HashSet<u64> = lock(&self.chunks).values().map(|c| c.addr).collect();
+        lock(&self.allocator)
+            .bookings()
+            .filter(|b| b.owner == owner && !registered.contains(&b.addr))
+            .map(|b| b.addr)
+            .collect()
+    }
+
     /// Takes every scratch chunk of `client` out of the table and deregisters it
     /// (steps 1 and 2 for all of them); returns once none is being accessed. The
     /// caller then passes the result to [`ChunkPool::release_revoked`]. Volume chunks
-    /// registered for `client` are not touched: they are not the client's.
+    /// registered for `client` are not touched: they are not the client's. Scratch
+    /// chunks of `client` not registered since a restart are returned too.
     pub fn revoke_all_of(&self, client: u64) -> Vec<Chunk> {
-        let mine: Vec<Chunk> = {
+        let owner = Owner::Client(client);
+        // Before the registered ones leave the table (they would look unregistered).
+        let unregistered = self.unregistered_of(owner);
+        let mut mine: Vec<Chunk> = {
             let mut chunks = lock(&self.chunks);
             let mine: Vec<Chunk> = chunks
                 .values()
@@ -317,6 +332,17 @@ impl ChunkPool {
         for c in &mine {
             self.registry.deregister(c.rkey);
         }
+        let books = lock(&self.allocator);
+        mine.extend(unregistered.into_iter().filter_map(|addr| {
+            let b = books.get(addr)?;
+            Some(Chunk {
+                owner,
+                client,
+                addr,
+                len: b.len,
+                rkey: 0,
+            })
+        }));
         mine
     }
 

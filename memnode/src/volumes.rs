@@ -21,7 +21,11 @@
 //! Invariants (checked by [`VolumeTable::check_invariants`] in tests):
 //! - `held` maps a client to a volume exactly when that volume's holder is the
 //!   client;
-//! - a held volume's chunks all have an rkey, an unheld volume's none;
+//! - a held volume's chunks all have an rkey, an unheld volume's none; except that
+//!   a volume put back by a memnode restarted on its memory file is held with none
+//!   until its holder's session comes back ([`VolumeTable::hold_unregistered`],
+//!   [`VolumeTable::set_rkeys`]): the holder's connection is what registration
+//!   needs over verbs;
 //! - every volume has its root among its chunks, and `bytes` is the sum of their
 //!   lengths;
 //! - no client is both a holder and fenced; volume ids are unique.
@@ -568,6 +572,56 @@ impl VolumeTable {
         Ok(())
     }
 
+    /// Makes `holder` the holder of the restored, unheld volume `name` with no chunk
+    /// registered yet (they are registered when its session comes back, see
+    /// [`VolumeTable::set_rkeys`]). `false`, changing nothing, when it cannot hold it.
+    pub fn hold_unregistered(&mut self, name: &[u8], holder: Holder) -> bool {
+        if self.held.contains_key(&holder.client) {
+            return false;
+        }
+        match self.volumes.get_mut(name) {
+            Some(v) if v.holder.is_none() => {
+                self.held.insert(holder.client, name.to_vec());
+                v.holder = Some(holder);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The id and chunk addresses of the volume `client` holds when none of them is
+    /// registered (held by [`VolumeTable::hold_unregistered`]).
+    pub fn unregistered_of(&self, client: u64) -> Option<(u64, Vec<u64>)> {
+        let v = self.held_by(client)?;
+        v.chunks
+            .values()
+            .all(|c| c.rkey.is_none())
+            .then(|| (v.id, v.addrs()))
+    }
+
+    /// Files the registrations `rkeys` (address -> rkey, one per chunk) of the volume
+    /// `client` holds with none. `false`, changing nothing, when they do not cover
+    /// exactly its chunks or some are registered already.
+    pub fn set_rkeys(&mut self, client: u64, rkeys: &[(u64, u32)]) -> bool {
+        let Some(v) = self.held.get(&client).and_then(|n| self.volumes.get_mut(n)) else {
+            return false;
+        };
+        let covers = rkeys.len() == v.chunks.len()
+            && rkeys
+                .iter()
+                .all(|(a, _)| v.chunks.get(a).is_some_and(|c| c.rkey.is_none()))
+            && rkeys.iter().map(|(a, _)| a).collect::<HashSet<_>>().len() == rkeys.len();
+        if !covers {
+            return false;
+        }
+        for &(addr, rkey) in rkeys {
+            if let Some(c) = v.chunks.get_mut(&addr) {
+                c.rkey = Some(rkey);
+            }
+        }
+        true
+    }
+
     /// Puts back the saved fenced clients and last volume id.
     pub fn restore_fences(&mut self, fenced: &[u64], last_id: u64) {
         self.fenced.extend(fenced.iter().copied());
@@ -602,7 +656,7 @@ impl VolumeTable {
             let registered = v.chunks.values().filter(|c| c.rkey.is_some()).count();
             match &v.holder {
                 Some(h) => {
-                    if registered != v.chunks.len() {
+                    if registered != v.chunks.len() && registered != 0 {
                         return Err(format!("held volume {name:?} has unregistered chunks"));
                     }
                     if self.held.get(&h.client) != Some(name) {

@@ -15,6 +15,10 @@ use support::*;
 const MIB: u64 = 1 << 20;
 
 fn start_on(file: &Path, listen: &str) -> Memnode {
+    start_with_grace(file, listen, Duration::from_secs(60))
+}
+
+fn start_with_grace(file: &Path, listen: &str, grace: Duration) -> Memnode {
     Memnode::start(MemnodeConfig {
         listen: listen.into(),
         size: 32 * MIB,
@@ -23,7 +27,7 @@ fn start_on(file: &Path, listen: &str) -> Memnode {
         transport: Transport::Tcp,
         poll: Duration::ZERO,
         lease: memnode::DEFAULT_LEASE,
-        session_grace: Duration::from_secs(60),
+        session_grace: grace,
         memory_file: Some(MemoryFileConfig {
             path: file.to_path_buf(),
             reset: false,
@@ -145,6 +149,41 @@ fn a_restarted_memnode_is_the_same_instance_with_every_session_chunk_and_volume(
         .iter()
         .all(|&x| x == 0));
     drop((ep, v, other));
+    drop(node);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_session_not_resumed_after_a_restart_is_reclaimed_after_its_grace() {
+    let dir = std::env::temp_dir().join(format!("memnode-memory-file-reap-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    let file = dir.join("memory");
+    let listen = free_port();
+    let grace = Duration::from_secs(2);
+    let node = start_with_grace(&file, &listen, grace);
+    let c = client(&node, 0x31);
+    let chunk = alloc(&c, MIB);
+    write_at(&c, remote(&chunk, 0), &pattern(1, 4096)).expect("writes");
+    drop(c);
+    drop(node);
+
+    let node = start_with_grace(&file, &listen, grace);
+    assert_eq!(node.stats().used, MIB, "the session's chunk is back");
+    wait_until("the session's grace runs out after the restart", || {
+        node.stats().used == 0 && node.idle_sessions() == 0
+    });
+    let other = client(&node, 0x32);
+    let fresh = alloc(&other, MIB);
+    assert_eq!(fresh.addr, chunk.addr, "the reclaimed range is lent again");
+    assert!(
+        read_at(&other, remote(&fresh, 0), 4096)
+            .expect("reads")
+            .iter()
+            .all(|&x| x == 0),
+        "reclaimed memory reads as zero"
+    );
+    drop(other);
     drop(node);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -241,6 +241,10 @@ tools=(ip rdma fusermount3 ibv_devinfo ibv_devices ibv_rc_pingpong rping)
 if command -v ib_write_bw >/dev/null; then
     tools+=(ib_write_bw ib_read_bw ib_send_bw ib_write_lat ib_read_lat)
 fi
+# fio, for the tests that run a verify job across a fault (CI installs it).
+if command -v fio >/dev/null; then
+    tools+=(fio)
+fi
 for t in "${tools[@]}"; do
     put_binary "$t"
 done

@@ -156,17 +156,32 @@ fn scratch_memory_survives_a_reset_of_every_connection() {
     });
 }
 
-#[test]
-fn a_memnode_stalled_past_the_op_timeout_is_waited_for_and_resumed() {
+/// Every memnode stopped (SIGSTOP) for longer than fsd's op timeout, then continued:
+/// a reader meanwhile waits (a hard mount) rather than failing, and gets every byte
+/// once they continue; nothing is lost or re-made, and a volume reads back after a
+/// remount with fsck clean. Both fabrics.
+fn stalled_memnodes_are_waited_for_and_resumed(volume: bool, replicas: usize) {
     let _serial = heavy_test();
-    let pattern = Pattern::for_test("scratch stall");
-    let memnode = MemnodeProc::start_with("256M", GRACE);
+    let what = format!(
+        "{} R={replicas} stalled",
+        if volume { "volume" } else { "scratch" }
+    );
+    let pattern = Pattern::for_test(&what);
+    let memnodes: Vec<MemnodeProc> = (0..replicas)
+        .map(|_| MemnodeProc::start_with("256M", GRACE))
+        .collect();
+    let refs: Vec<&MemnodeProc> = memnodes.iter().collect();
+    let r = replicas.to_string();
+    let mut extra = vec!["--replicas", r.as_str()];
+    if volume {
+        extra.extend(["--volume", "v"]);
+    }
     let stats = StatsFile::new();
-    let fsd = FsdMount::with_memnode(&memnode, &fsd_args(&stats, &[]));
+    let fsd = FsdMount::with_memnodes(&refs, &fsd_args(&stats, &extra));
     write_file_to_remote(&fsd, &pattern);
-    memnode.freeze();
-    // A reader while the memnode is stopped: it waits (a hard mount) rather than
-    // failing, and gets every byte once the memnode continues.
+    for m in &memnodes {
+        m.freeze();
+    }
     let reader = {
         let (path, pattern) = (fsd.join("data"), pattern);
         std::thread::spawn(move || pattern.verify_file(&path, FILE))
@@ -174,20 +189,46 @@ fn a_memnode_stalled_past_the_op_timeout_is_waited_for_and_resumed() {
     std::thread::sleep(Duration::from_secs(6));
     let s = stats.current();
     println!("while stopped: {s}");
-    memnode.thaw();
+    for m in &memnodes {
+        m.thaw();
+    }
     within(LIMIT, "the reader across the stall", move || reader.join())
         .expect("the reader across the stall must get every byte");
     assert!(
-        s.value("nodes_down") == 1,
-        "a memnode stopped past --op-timeout {OP_TIMEOUT} counts as unreachable; stats {s}"
+        s.value("nodes_down") as usize == replicas,
+        "{what}: memnodes stopped past --op-timeout {OP_TIMEOUT} count as unreachable; stats {s}"
     );
-    assert_resumed_losing_nothing(&stats, &fsd, "after a stall");
+    assert_resumed_losing_nothing(&stats, &fsd, &what);
     verify_within(
         &fsd.join("data"),
         &pattern,
         "reading the file after the stall",
     );
     fsd.unmount();
+    if !volume {
+        return;
+    }
+    let counts = volume::assert_fsck_clean("v", &refs, &what);
+    assert_eq!(counts.lost_blocks, 0, "{what}: {counts:?}");
+    let stats = StatsFile::new();
+    let fsd = FsdMount::with_memnodes(&refs, &fsd_args(&stats, &extra));
+    verify_within(&fsd.join("data"), &pattern, "reading after the remount");
+    fsd.unmount();
+}
+
+#[test]
+fn a_memnode_stalled_past_the_op_timeout_is_waited_for_and_resumed() {
+    stalled_memnodes_are_waited_for_and_resumed(false, 1);
+}
+
+#[test]
+fn a_volume_whose_memnode_stalled_past_the_op_timeout_is_waited_for_and_resumed() {
+    stalled_memnodes_are_waited_for_and_resumed(true, 1);
+}
+
+#[test]
+fn a_volume_whose_two_memnodes_stalled_past_the_op_timeout_is_waited_for_and_resumed() {
+    stalled_memnodes_are_waited_for_and_resumed(true, 2);
 }
 
 /// A volume with `replicas` copies over one memnode per copy, each behind a proxy:
@@ -611,15 +652,10 @@ fn a_volume_is_not_rolled_back_while_the_memnode_with_its_newest_metadata_is_awa
 /// crc32c in one job, while fsd's connections to its memnode are reset and then the
 /// network black-holed past `--op-timeout`: the job completes with no error and no
 /// wrong data (a hard mount: programs wait out the fault, nothing fails).
-#[test]
-fn a_fio_verify_job_runs_across_a_reset_and_a_network_stall() {
-    let _serial = heavy_test();
-    let memnode = MemnodeProc::start_on(rmemfs_tests::Transport::Tcp, "512M", GRACE);
-    let proxy = FaultProxy::start(memnode.addr());
-    let addrs = [proxy.addr()];
-    let stats = StatsFile::new();
-    let args = with_memnodes(&addrs, &fsd_args(&stats, &[]));
-    let fsd = FsdMount::start_on(rmemfs_tests::Transport::Tcp, &args);
+/// Runs a `fio --verify` job of random 64 KiB direct writes on `fsd` (about 4 s of
+/// writes, then about 4 s of verifying reads) while `fault` runs, and asserts it
+/// completes with no error and no wrong data.
+fn fio_verify_across(fsd: &FsdMount, what: &str, fault: impl FnOnce()) {
     let mut cmd = std::process::Command::new(rmemfs_tests::binaries::program("fio", "fio"));
     cmd.args([
         "--name=faults",
@@ -630,20 +666,14 @@ fn a_fio_verify_job_runs_across_a_reset_and_a_network_stall() {
         "--verify=crc32c",
         "--do_verify=1",
         "--direct=1",
-        // About 4 s of writes, then about 4 s of verifying reads: the faults land in
-        // the writes, their copies are read back after.
+        // The faults land in the writes, their copies are read back after.
         "--rate=32m,32m",
     ])
     .arg(format!("--filename={}", fsd.join("fio").display()));
-    let fio = std::thread::spawn(move || {
-        rmemfs_tests::command::run_within(&mut cmd, LIMIT, "fio verify across faults")
-    });
-    std::thread::sleep(Duration::from_secs(1));
-    println!("reset {} connections", proxy.reset_all());
-    std::thread::sleep(Duration::from_secs(1));
-    proxy.blackhole();
-    std::thread::sleep(Duration::from_secs(4));
-    proxy.restore();
+    let label = format!("fio verify across {what}");
+    let fio =
+        std::thread::spawn(move || rmemfs_tests::command::run_within(&mut cmd, LIMIT, &label));
+    fault();
     let out = fio.join().expect("fio's thread");
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
@@ -652,8 +682,48 @@ fn a_fio_verify_job_runs_across_a_reset_and_a_network_stall() {
     println!("fio: {:?}\n{stdout}\n{stderr}", out.status);
     assert!(
         out.status.success() && stdout.contains("err= 0") && !stderr.contains("verify"),
-        "fio's verify job must complete with no error across the faults"
+        "fio's verify job must complete with no error across {what}"
     );
+}
+
+#[test]
+fn a_fio_verify_job_runs_across_a_reset_and_a_network_stall() {
+    let _serial = heavy_test();
+    let memnode = MemnodeProc::start_on(rmemfs_tests::Transport::Tcp, "512M", GRACE);
+    let proxy = FaultProxy::start(memnode.addr());
+    let addrs = [proxy.addr()];
+    let stats = StatsFile::new();
+    let args = with_memnodes(&addrs, &fsd_args(&stats, &[]));
+    let fsd = FsdMount::start_on(rmemfs_tests::Transport::Tcp, &args);
+    fio_verify_across(&fsd, "a reset and a network stall", || {
+        std::thread::sleep(Duration::from_secs(1));
+        println!("reset {} connections", proxy.reset_all());
+        std::thread::sleep(Duration::from_secs(1));
+        proxy.blackhole();
+        std::thread::sleep(Duration::from_secs(4));
+        proxy.restore();
+    });
     assert_resumed_losing_nothing(&stats, &fsd, "after fio across the faults");
+    fsd.unmount();
+}
+
+/// fio's verify job across a memnode killed and started again on its memory file
+/// (both fabrics: the guest image carries fio).
+#[test]
+fn a_fio_verify_job_runs_across_a_memnode_restarted_on_its_memory_file() {
+    let _serial = heavy_test();
+    let files = MemoryFiles::new("fio");
+    let file = files.path(0);
+    let extra = ["--memory-file", file.as_str(), GRACE[0], GRACE[1]];
+    let mut memnode = MemnodeProc::start_with("512M", &extra);
+    let stats = StatsFile::new();
+    let fsd = FsdMount::with_memnode(&memnode, &fsd_args(&stats, &[]));
+    fio_verify_across(&fsd, "a memnode restart", || {
+        std::thread::sleep(Duration::from_secs(2));
+        let addr = memnode.addr().to_string();
+        memnode.kill();
+        memnode = MemnodeProc::start_at_with(&addr, "512M", &extra);
+    });
+    assert_resumed_losing_nothing(&stats, &fsd, "after fio across a memnode restart");
     fsd.unmount();
 }
