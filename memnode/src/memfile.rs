@@ -21,6 +21,8 @@
 //!
 //! The file is locked (`flock`) while a memnode uses it, and its room is reserved
 //! up front (`fallocate`), so a client's write can never find the filesystem full.
+//! The header and the books are written through a shared mapping of their own
+//! (hugetlbfs files cannot be written with `write`).
 //! Opening refuses, with a message that says which, a file that is not a memory
 //! file, whose header or both state slots are damaged, that is shorter than its
 //! header says, that holds a region of another size or page, that was another
@@ -176,9 +178,12 @@ impl Header {
 /// An open memory file, locked for this memnode; saves its books.
 #[derive(Debug)]
 pub struct MemoryFile {
-    file: File,
+    /// Held open for its lock (`flock`), which goes with it.
+    _file: File,
     path: PathBuf,
     header: Header,
+    /// `[0, region_at)` of the file, mapped: the header and the state slots.
+    meta: Region,
     /// The slot the next save goes to (0 or 1).
     next: u64,
     seq: u64,
@@ -300,7 +305,8 @@ impl MemoryFile {
                 why: "its layout does not match its size".into(),
             });
         }
-        let (saved, slot) = read_state(&file, &header).map_err(|why| MemoryFileError::Damaged {
+        let meta = map_meta(&file, &header, &path)?;
+        let (saved, slot) = read_state(&meta, &header).map_err(|why| MemoryFileError::Damaged {
             path: path.clone(),
             why,
         })?;
@@ -317,14 +323,15 @@ impl MemoryFile {
         })?;
         let mut header = header;
         header.boot += 1;
-        file.write_all_at(&header.encode(), 0).map_err(io)?;
+        write_header(&meta, &header);
         let boot = header.boot;
         let node_id = header.node_id;
         Ok(Opened {
             file: MemoryFile {
-                file,
+                _file: file,
                 path,
                 header,
+                meta,
                 next: 1 - slot,
                 seq: saved.seq,
                 last_len: 0,
@@ -380,16 +387,18 @@ impl MemoryFile {
             boot: 0,
             listen: listen.to_string(),
         };
+        let meta = map_meta(&file, &header, &path)?;
         let mut mf = MemoryFile {
-            file,
+            _file: file,
             path,
             header,
+            meta,
             next: 0,
             seq: 0,
             last_len: 0,
         };
         mf.save(&mut SavedState::default()).map_err(io)?;
-        mf.file.write_all_at(&mf.header.encode(), 0).map_err(io)?;
+        write_header(&mf.meta, &mf.header);
         Ok(Opened {
             file: mf,
             region,
@@ -412,8 +421,9 @@ impl MemoryFile {
                 self.header.slot
             )));
         }
-        self.file
-            .write_all_at(&record, HEADER + self.next * self.header.slot)?;
+        self.meta
+            .write(HEADER + self.next * self.header.slot, &record)
+            .map_err(std::io::Error::other)?;
         self.seq = state.seq;
         self.next = 1 - self.next;
         self.last_len = record.len();
@@ -438,13 +448,29 @@ fn region_offset(slot: u64, page: u64) -> u64 {
     (HEADER + 2 * slot).next_multiple_of(REGION_ALIGN.max(page))
 }
 
+/// Maps the header and the state slots, `[0, region_at)` of the file.
+fn map_meta(file: &File, h: &Header, path: &Path) -> Result<Region, MemoryFileError> {
+    Region::map_file(file, 0, h.region_at, None, h.page).map_err(|source| MemoryFileError::Region {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Writes the header at the start of the mapped metadata (always in bounds: the
+/// header is far smaller than its 4 KiB).
+fn write_header(meta: &Region, h: &Header) {
+    if let Err(e) = meta.write(0, &h.encode()) {
+        log::error!("the memory file's header does not fit its place: {e}");
+    }
+}
+
 /// The newer valid slot and its index, or why neither is.
-fn read_state(file: &File, h: &Header) -> Result<(SavedState, u64), String> {
+fn read_state(meta: &Region, h: &Header) -> Result<(SavedState, u64), String> {
     let mut best: Option<(SavedState, u64)> = None;
     let mut why = Vec::new();
     for i in 0..2u64 {
         let mut buf = vec![0u8; h.slot as usize];
-        if let Err(e) = file.read_exact_at(&mut buf, HEADER + i * h.slot) {
+        if let Err(e) = meta.read(HEADER + i * h.slot, &mut buf) {
             why.push(format!("slot {i}: {e}"));
             continue;
         }

@@ -22,11 +22,11 @@
 //! Access: clients' bytes move in and out through the fabric, which reads and writes
 //! the chunks the pool registered with it (the NIC with verbs, raw pointer copies in
 //! the tcp backend); no Rust reference to mapped memory is ever formed, so concurrent
-//! copies never alias a `&mut`. The pool deregisters a chunk (which waits out
+//! copies never alias a `&mut`. (`Region::read` and `Region::write` copy the memory
+//! file's books, a mapping of their own that no client reaches, and serve tests.) The pool deregisters a chunk (which waits out
 //! in-flight accesses) before zeroing it. Two in-flight copies of one owner that
 //! overlap leave unspecified bytes behind, exactly as two RDMA operations racing on a
-//! NIC do; the bytes are plain `u8`, valid in any state. `Region::read` and
-//! `Region::write` exist for tests only.
+//! NIC do; the bytes are plain `u8`, valid in any state.
 
 use std::ptr::{self, NonNull};
 use thiserror::Error;
@@ -233,8 +233,8 @@ impl Region {
         }
     }
 
-    /// Copies `dst.len()` bytes at `offset` into `dst`.
-    #[cfg(test)]
+    /// Copies `dst.len()` bytes at `offset` into `dst` (the memory file's books;
+    /// tests).
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), OutOfRegion> {
         let start = self.check(offset, dst.len())?;
         // SAFETY: `check` proved [start, start + dst.len()) lies inside the live
@@ -246,8 +246,7 @@ impl Region {
         Ok(())
     }
 
-    /// Copies `src` into the region at `offset`.
-    #[cfg(test)]
+    /// Copies `src` into the region at `offset` (the memory file's books; tests).
     pub fn write(&self, offset: u64, src: &[u8]) -> Result<(), OutOfRegion> {
         let start = self.check(offset, src.len())?;
         // SAFETY: `check` proved [start, start + src.len()) lies inside the live,

@@ -370,12 +370,17 @@ fn memnodes_restarted_on_their_memory_files_lose_nothing(volume: bool, replicas:
         .spawn()
         .expect("dd starts");
     std::thread::sleep(Duration::from_millis(300));
-    for (i, m) in memnodes.iter_mut().enumerate() {
-        let addr = m.addr().to_string();
+    // All killed, then all started again: with one of two back first, the blocks
+    // written meanwhile would rightly drop the stale copy and be re-made, which
+    // is not what this test counts.
+    let addrs: Vec<String> = memnodes.iter().map(|m| m.addr().to_string()).collect();
+    for m in memnodes.iter_mut() {
         m.kill();
+    }
+    for (i, (m, addr)) in memnodes.iter_mut().zip(&addrs).enumerate() {
         let a = args_of(i);
         let a: Vec<&str> = a.iter().map(String::as_str).collect();
-        *m = MemnodeProc::start_at_with(&addr, "256M", &a);
+        *m = MemnodeProc::start_at_with(addr, "256M", &a);
     }
     for (m, before) in memnodes.iter().zip(&used) {
         assert!(
