@@ -187,3 +187,92 @@ fn a_session_not_resumed_after_a_restart_is_reclaimed_after_its_grace() {
     drop(node);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Reserves `pages` more 2 MiB huge pages and mounts hugetlbfs on a directory of
+/// its own, for the test; both are undone on drop. Needs root (as CI runs).
+struct Hugetlbfs {
+    dir: std::path::PathBuf,
+    before: u64,
+}
+
+impl Hugetlbfs {
+    fn mount(pages: u64) -> Hugetlbfs {
+        const NR: &str = "/proc/sys/vm/nr_hugepages";
+        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+        let before: u64 = read(NR).trim().parse().expect("nr_hugepages is a number");
+        std::fs::write(NR, (before + pages).to_string()).unwrap_or_else(|e| {
+            panic!("reserving {pages} huge pages in {NR} (this test needs root): {e}")
+        });
+        let free: u64 = read("/proc/meminfo")
+            .lines()
+            .find_map(|l| l.strip_prefix("HugePages_Free:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        assert!(
+            free >= pages,
+            "the kernel gave {free} free huge pages of the {pages} asked for"
+        );
+        let dir = std::env::temp_dir().join(format!("memnode-hugetlbfs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a mount point");
+        let c = |s: &str| std::ffi::CString::new(s).expect("no NUL");
+        let (src, target, fstype) = (c("none"), c(dir.to_str().expect("UTF-8")), c("hugetlbfs"));
+        // SAFETY: valid NUL-terminated strings; no data argument.
+        let rc = unsafe {
+            libc::mount(
+                src.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "mounting hugetlbfs on {}: {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        );
+        Hugetlbfs { dir, before }
+    }
+}
+
+impl Drop for Hugetlbfs {
+    fn drop(&mut self) {
+        if let Ok(target) = std::ffi::CString::new(self.dir.to_str().unwrap_or_default()) {
+            // SAFETY: a valid NUL-terminated path.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+        let _ = std::fs::write("/proc/sys/vm/nr_hugepages", self.before.to_string());
+    }
+}
+
+#[test]
+fn a_memory_file_on_hugetlbfs_lends_huge_pages_and_keeps_them_across_a_restart() {
+    let huge = Hugetlbfs::mount(24);
+    let file = huge.dir.join("memory");
+    let listen = free_port();
+    let node = start_on(&file, &listen);
+    let c = client(&node, 0x41);
+    let chunk = alloc(&c, 4096);
+    assert_eq!(chunk.len, 2 * MIB, "chunks are whole huge pages");
+    let data = pattern(4, 1 << 20);
+    write_at(&c, remote(&chunk, 4096), &data).expect("writes");
+    let secret = session_of(&node, 0x41);
+    drop(c);
+    drop(node);
+
+    let node = start_on(&file, &listen);
+    let ep = connect(&node);
+    let w = control::hello_in_session(&ep, 0x41, b"", secret).expect("resumes");
+    assert!(w.resumed && w.boot == 1);
+    let chunks = control::session_chunks(&ep).expect("lists");
+    assert_eq!(chunks.len(), 1);
+    assert_eq!(
+        read_at(&ep, remote(&chunks[0], 4096), data.len()).expect("reads"),
+        data
+    );
+    drop(ep);
+    drop(node);
+}

@@ -62,6 +62,13 @@ fn verify_within(path: &Path, pattern: &Pattern, what: &str) {
 
 /// Asserts fsd saw the memnode(s) unreachable and resumed, and lost nothing.
 fn assert_resumed_losing_nothing(stats: &StatsFile, fsd: &FsdMount, what: &str) {
+    assert_resumed_remaking_at_most(stats, fsd, what, 0);
+}
+
+/// As [`assert_resumed_losing_nothing`], with up to `remade` blocks re-replicated:
+/// a block written while one of its memnodes was away drops the stale copy there
+/// and rightly gets a new one; what was not written meanwhile must not be re-made.
+fn assert_resumed_remaking_at_most(stats: &StatsFile, fsd: &FsdMount, what: &str, remade: u64) {
     let s = stats.wait_for(LIMIT, "every memnode back up", |s| {
         s.value("nodes_down") == 0 && s.value("memnode_sessions_resumed") >= 1
     });
@@ -76,10 +83,9 @@ fn assert_resumed_losing_nothing(stats: &StatsFile, fsd: &FsdMount, what: &str) 
         "{what}: no memnode's copies may count as lost; stats {s}"
     );
     assert_eq!(s.value("blocks_lost"), 0, "{what}: stats {s}");
-    assert_eq!(
-        s.value("rereplicated_blocks"),
-        0,
-        "{what}: a blip must start no re-replication; stats {s}"
+    assert!(
+        s.value("rereplicated_blocks") <= remade,
+        "{what}: a blip must re-make no more than the {remade} blocks written meanwhile; stats {s}"
     );
     let stderr = fsd.stderr();
     assert!(
@@ -370,17 +376,13 @@ fn memnodes_restarted_on_their_memory_files_lose_nothing(volume: bool, replicas:
         .spawn()
         .expect("dd starts");
     std::thread::sleep(Duration::from_millis(300));
-    // All killed, then all started again: with one of two back first, the blocks
-    // written meanwhile would rightly drop the stale copy and be re-made, which
-    // is not what this test counts.
-    let addrs: Vec<String> = memnodes.iter().map(|m| m.addr().to_string()).collect();
-    for m in memnodes.iter_mut() {
+    // One at a time, as a rolling upgrade goes.
+    for (i, m) in memnodes.iter_mut().enumerate() {
+        let addr = m.addr().to_string();
         m.kill();
-    }
-    for (i, (m, addr)) in memnodes.iter_mut().zip(&addrs).enumerate() {
         let a = args_of(i);
         let a: Vec<&str> = a.iter().map(String::as_str).collect();
-        *m = MemnodeProc::start_at_with(addr, "256M", &a);
+        *m = MemnodeProc::start_at_with(&addr, "256M", &a);
     }
     for (m, before) in memnodes.iter().zip(&used) {
         assert!(
@@ -405,7 +407,15 @@ fn memnodes_restarted_on_their_memory_files_lose_nothing(volume: bool, replicas:
         "verifying the file written across the restart",
         move || other.verify_file(&p, FILE),
     );
-    assert_resumed_losing_nothing(&stats, &fsd, &what);
+    // With R = 2, the writer's blocks written while one memnode was away drop the
+    // stale copy there and are re-made: at most the writer's file, never the file
+    // written before.
+    let remade = if replicas > 1 {
+        FILE / stats.current().value("block_size").max(1)
+    } else {
+        0
+    };
+    assert_resumed_remaking_at_most(&stats, &fsd, &what, remade);
     let said = fsd.stderr();
     assert!(
         said.contains("restarted on its memory file"),
