@@ -42,11 +42,17 @@ fn free_port() -> String {
     l.local_addr().expect("has an address").to_string()
 }
 
-#[test]
-fn a_restarted_memnode_is_the_same_instance_with_every_session_chunk_and_volume() {
-    let dir = std::env::temp_dir().join(format!("memnode-memory-file-{}", std::process::id()));
+/// An empty directory of its own for a test's memory file.
+fn scratch_dir(test: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("memnode-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("a scratch directory");
+    dir
+}
+
+#[test]
+fn a_restarted_memnode_is_the_same_instance_with_every_session_chunk_and_volume() {
+    let dir = scratch_dir("restart");
     let file = dir.join("memory");
     let listen = free_port();
 
@@ -155,9 +161,7 @@ fn a_restarted_memnode_is_the_same_instance_with_every_session_chunk_and_volume(
 
 #[test]
 fn a_session_not_resumed_after_a_restart_is_reclaimed_after_its_grace() {
-    let dir = std::env::temp_dir().join(format!("memnode-memory-file-reap-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    let dir = scratch_dir("reap");
     let file = dir.join("memory");
     let listen = free_port();
     let grace = Duration::from_secs(2);

@@ -162,26 +162,31 @@ fn scratch_memory_survives_a_reset_of_every_connection() {
     });
 }
 
+/// What a test of `replicas` copies on scratch memory or a volume is called, and
+/// the fsd arguments that make it.
+fn layout(volume: bool, replicas: &str) -> (String, Vec<&str>) {
+    let name = format!("{} R={replicas}", if volume { "volume" } else { "scratch" });
+    let mut args = vec!["--replicas", replicas];
+    if volume {
+        args.extend(["--volume", "v"]);
+    }
+    (name, args)
+}
+
 /// Every memnode stopped (SIGSTOP) for longer than fsd's op timeout, then continued:
 /// a reader meanwhile waits (a hard mount) rather than failing, and gets every byte
 /// once they continue; nothing is lost or re-made, and a volume reads back after a
 /// remount with fsck clean. Both fabrics.
 fn stalled_memnodes_are_waited_for_and_resumed(volume: bool, replicas: usize) {
     let _serial = heavy_test();
-    let what = format!(
-        "{} R={replicas} stalled",
-        if volume { "volume" } else { "scratch" }
-    );
+    let r = replicas.to_string();
+    let (name, extra) = layout(volume, &r);
+    let what = format!("{name} stalled");
     let pattern = Pattern::for_test(&what);
     let memnodes: Vec<MemnodeProc> = (0..replicas)
         .map(|_| MemnodeProc::start_with("256M", GRACE))
         .collect();
     let refs: Vec<&MemnodeProc> = memnodes.iter().collect();
-    let r = replicas.to_string();
-    let mut extra = vec!["--replicas", r.as_str()];
-    if volume {
-        extra.extend(["--volume", "v"]);
-    }
     let stats = StatsFile::new();
     let fsd = FsdMount::with_memnodes(&refs, &fsd_args(&stats, &extra));
     write_file_to_remote(&fsd, &pattern);
@@ -330,10 +335,9 @@ impl Drop for MemoryFiles {
 /// clean. Both fabrics: over verbs every rkey really changes.
 fn memnodes_restarted_on_their_memory_files_lose_nothing(volume: bool, replicas: usize) {
     let _serial = heavy_test();
-    let what = format!(
-        "{} R={replicas} restarted on memory files",
-        if volume { "volume" } else { "scratch" }
-    );
+    let r = replicas.to_string();
+    let (name, extra) = layout(volume, &r);
+    let what = format!("{name} restarted on memory files");
     let pattern = Pattern::for_test(&what);
     let files = MemoryFiles::new(&format!("{volume}-{replicas}"));
     let args_of = |i: usize| -> Vec<String> {
@@ -351,12 +355,7 @@ fn memnodes_restarted_on_their_memory_files_lose_nothing(volume: bool, replicas:
             MemnodeProc::start_with("256M", &a)
         })
         .collect();
-    let r = replicas.to_string();
     let stats = StatsFile::new();
-    let mut extra = vec!["--replicas", r.as_str()];
-    if volume {
-        extra.extend(["--volume", "v"]);
-    }
     let refs: Vec<&MemnodeProc> = memnodes.iter().collect();
     let fsd = FsdMount::with_memnodes(&refs, &fsd_args(&stats, &extra));
     write_file_to_remote(&fsd, &pattern);

@@ -692,18 +692,15 @@ impl Node {
             // Before the link is published, so no allocation of fsd's own can be
             // under way on it.
             let restarted = link.boot != s.boot;
-            let chunks = if restarted || cfg.volume.is_none() {
-                match self.held_chunks(&link, cfg) {
+            if restarted {
+                // Every chunk's rkey changed: without the list, nothing is reachable.
+                let chunks = match self.held_chunks(&link, cfg) {
                     Ok(c) => c,
                     Err(e) => {
                         drop(s);
                         return Err(e);
                     }
-                }
-            } else {
-                Vec::new()
-            };
-            if restarted {
+                };
                 log::warn!(
                     "memnode {} restarted on its memory file (start {}, was {}): its {} chunks are kept under new rkeys",
                     self.name,
@@ -716,7 +713,7 @@ impl Node {
             }
             link.remap = s.remap.clone();
             if cfg.volume.is_none() {
-                self.free_orphan_chunks(&link, chunks);
+                self.free_orphan_chunks(&link, cfg);
             }
             self.events.resumed.fetch_add(1, Ordering::Relaxed);
         }
@@ -760,7 +757,14 @@ impl Node {
     /// Gives back the scratch chunks the resumed session holds that the pool does not
     /// know: an Alloc the memnode served while the connection broke, whose reply
     /// never came. (A volume's such chunk is found unreferenced at its next mount.)
-    fn free_orphan_chunks(&self, link: &Link, chunks: Vec<Allocation>) {
+    fn free_orphan_chunks(&self, link: &Link, cfg: &LinkConfig) {
+        let chunks = match self.held_chunks(link, cfg) {
+            Ok(c) => c,
+            Err(e) => {
+                log::warn!("memnode {}: listing the session's chunks: {e}", self.name);
+                return;
+            }
+        };
         let orphans: Vec<_> = {
             let pool = lock(&self.pool);
             chunks
