@@ -37,6 +37,7 @@ fn rig() -> &'static Rig {
             lease: memnode::DEFAULT_LEASE,
             // Fuzzed connections' sessions end with them, so their memory comes back.
             session_grace: Duration::ZERO,
+            memory_file: None,
         })
         .expect("memnode starts");
         let addr = node.local_addr().to_string();
