@@ -2,7 +2,9 @@
 
 pub mod control;
 pub mod cpus;
+pub mod crc32c;
 pub mod fabric;
+pub mod le;
 pub mod protocol;
 pub mod reclaim;
 pub mod size;

@@ -9,6 +9,7 @@
 //! A decode error is always a value ([`ProtocolError`]), never a panic: frames come
 //! from the network and may be hostile.
 
+use crate::le;
 use thiserror::Error;
 
 /// The protocol version this build speaks. A peer with another version is refused.
@@ -364,9 +365,10 @@ fn split_frame(frame: &[u8]) -> Result<(u16, &[u8]), ProtocolError> {
             have: frame.len(),
         });
     }
-    let version = u16::from_le_bytes([frame[0], frame[1]]);
-    let kind = u16::from_le_bytes([frame[2], frame[3]]);
-    let body_len = u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]) as usize;
+    let mut head = le::Reader::new(frame);
+    let version = head.u16()?;
+    let kind = head.u16()?;
+    let body_len = head.u32()? as usize;
     if version != PROTOCOL_VERSION {
         return Err(ProtocolError::Version { got: version });
     }
@@ -387,45 +389,45 @@ fn split_frame(frame: &[u8]) -> Result<(u16, &[u8]), ProtocolError> {
 fn frame(kind: u16, body: &[u8]) -> Vec<u8> {
     debug_assert!(body.len() <= MAX_CONTROL_BODY);
     let mut out = Vec::with_capacity(HEADER_LEN + body.len());
-    out.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
-    out.extend_from_slice(&kind.to_le_bytes());
-    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    le::put(&mut out, PROTOCOL_VERSION);
+    le::put(&mut out, kind);
+    le::put(&mut out, body.len() as u32);
     out.extend_from_slice(body);
     out
 }
 
-/// A cursor over a body that fails with `Truncated` instead of panicking.
+impl From<le::Truncated> for ProtocolError {
+    fn from(t: le::Truncated) -> Self {
+        ProtocolError::Truncated {
+            needed: t.needed,
+            have: t.have,
+        }
+    }
+}
+
+/// A cursor over a body ([`le::Reader`]) that fails with `Truncated` instead of
+/// panicking, and knows the protocol's compound fields.
 struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
+    r: le::Reader<'a>,
 }
 
 impl<'a> Reader<'a> {
     fn new(buf: &'a [u8]) -> Self {
-        Reader { buf, pos: 0 }
-    }
-
-    fn take(&mut self, n: usize) -> Result<&'a [u8], ProtocolError> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
-        match end {
-            Some(end) => {
-                let s = &self.buf[self.pos..end];
-                self.pos = end;
-                Ok(s)
-            }
-            None => Err(ProtocolError::Truncated {
-                needed: self.pos.saturating_add(n),
-                have: self.buf.len(),
-            }),
+        Reader {
+            r: le::Reader::new(buf),
         }
     }
 
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ProtocolError> {
+        Ok(self.r.take(n)?)
+    }
+
     fn u8(&mut self) -> Result<u8, ProtocolError> {
-        Ok(self.take(1)?[0])
+        Ok(self.r.u8()?)
     }
 
     fn remaining(&self) -> usize {
-        self.buf.len() - self.pos
+        self.r.remaining()
     }
 
     /// A byte that must be 0 or 1.
@@ -438,20 +440,15 @@ impl<'a> Reader<'a> {
     }
 
     fn u16(&mut self) -> Result<u16, ProtocolError> {
-        let b = self.take(2)?;
-        Ok(u16::from_le_bytes([b[0], b[1]]))
+        Ok(self.r.u16()?)
     }
 
     fn u32(&mut self) -> Result<u32, ProtocolError> {
-        let b = self.take(4)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        Ok(self.r.u32()?)
     }
 
     fn u64(&mut self) -> Result<u64, ProtocolError> {
-        let b = self.take(8)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        Ok(u64::from_le_bytes(a))
+        Ok(self.r.u64()?)
     }
 
     /// Length-prefixed (u16) bytes, at most `max` long.
@@ -488,11 +485,11 @@ impl<'a> Reader<'a> {
 
     /// The whole body must be consumed: trailing bytes are an error.
     fn finish(self, kind: u16) -> Result<(), ProtocolError> {
-        if self.pos != self.buf.len() {
+        if !self.r.is_empty() {
             return Err(ProtocolError::BodyLength {
                 kind,
-                len: self.buf.len(),
-                expected: self.pos,
+                len: self.r.len(),
+                expected: self.r.position(),
             });
         }
         Ok(())
@@ -500,7 +497,7 @@ impl<'a> Reader<'a> {
 }
 
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
-    out.extend_from_slice(&(b.len() as u16).to_le_bytes());
+    le::put(out, b.len() as u16);
     out.extend_from_slice(b);
 }
 
@@ -512,9 +509,9 @@ fn put_name(out: &mut Vec<u8>, name: &[u8]) {
 }
 
 fn put_allocation(out: &mut Vec<u8>, a: &Allocation) {
-    out.extend_from_slice(&a.addr.to_le_bytes());
-    out.extend_from_slice(&a.len.to_le_bytes());
-    out.extend_from_slice(&a.rkey.to_le_bytes());
+    le::put(out, a.addr);
+    le::put(out, a.len);
+    le::put(out, a.rkey);
 }
 
 impl Request {
@@ -527,18 +524,18 @@ impl Request {
                 token,
                 session,
             } => {
-                body.extend_from_slice(&client_id.to_le_bytes());
+                le::put(&mut body, client_id);
                 put_bytes(&mut body, &token[..token.len().min(MAX_TOKEN_LEN)]);
                 body.extend_from_slice(&session.0);
                 K_HELLO
             }
             Request::Alloc { bytes } => {
-                body.extend_from_slice(&bytes.to_le_bytes());
+                le::put(&mut body, bytes);
                 K_ALLOC
             }
             Request::Free { addr, rkey } => {
-                body.extend_from_slice(&addr.to_le_bytes());
-                body.extend_from_slice(&rkey.to_le_bytes());
+                le::put(&mut body, addr);
+                le::put(&mut body, rkey);
                 K_FREE
             }
             Request::Stat => K_STAT,
@@ -559,7 +556,7 @@ impl Request {
                 K_VOLUME_OPEN
             }
             Request::VolumeChunks { after } => {
-                body.extend_from_slice(&after.to_le_bytes());
+                le::put(&mut body, after);
                 K_VOLUME_CHUNKS
             }
             Request::VolumeClose => K_VOLUME_CLOSE,
@@ -577,17 +574,17 @@ impl Request {
                 let n = spans.len().min(MAX_COPY_SPANS);
                 body.push(n as u8);
                 for s in &spans[..n] {
-                    body.extend_from_slice(&s.src_addr.to_le_bytes());
-                    body.extend_from_slice(&s.src_rkey.to_le_bytes());
-                    body.extend_from_slice(&s.dst_addr.to_le_bytes());
-                    body.extend_from_slice(&s.dst_rkey.to_le_bytes());
-                    body.extend_from_slice(&s.len.to_le_bytes());
+                    le::put(&mut body, s.src_addr);
+                    le::put(&mut body, s.src_rkey);
+                    le::put(&mut body, s.dst_addr);
+                    le::put(&mut body, s.dst_rkey);
+                    le::put(&mut body, s.len);
                 }
                 K_COPY
             }
             Request::SessionEnd => K_SESSION_END,
             Request::SessionChunks { after } => {
-                body.extend_from_slice(&after.to_le_bytes());
+                le::put(&mut body, after);
                 K_SESSION_CHUNKS
             }
         };
@@ -695,12 +692,12 @@ impl Response {
                 resumed,
                 boot,
             } => {
-                body.extend_from_slice(&node_id.to_le_bytes());
-                body.extend_from_slice(&capacity.to_le_bytes());
-                body.extend_from_slice(&features.to_le_bytes());
+                le::put(&mut body, node_id);
+                le::put(&mut body, capacity);
+                le::put(&mut body, features);
                 body.extend_from_slice(&session.0);
                 body.push(*resumed as u8);
-                body.extend_from_slice(&boot.to_le_bytes());
+                le::put(&mut body, boot);
                 K_WELCOME
             }
             Response::Allocated(a) => {
@@ -709,25 +706,25 @@ impl Response {
             }
             Response::Freed => K_FREED,
             Response::Stats(s) => {
-                body.extend_from_slice(&s.capacity.to_le_bytes());
-                body.extend_from_slice(&s.used.to_le_bytes());
-                body.extend_from_slice(&s.clients.to_le_bytes());
-                body.extend_from_slice(&s.allocations.to_le_bytes());
+                le::put(&mut body, s.capacity);
+                le::put(&mut body, s.used);
+                le::put(&mut body, s.clients);
+                le::put(&mut body, s.allocations);
                 K_STATS
             }
             Response::VolumeOpened(v) => {
-                body.extend_from_slice(&v.volume_id.to_le_bytes());
+                le::put(&mut body, v.volume_id);
                 body.push(v.created as u8);
                 put_allocation(&mut body, &v.root);
-                body.extend_from_slice(&v.chunks.to_le_bytes());
-                body.extend_from_slice(&v.bytes.to_le_bytes());
+                le::put(&mut body, v.chunks);
+                le::put(&mut body, v.bytes);
                 K_VOLUME_OPENED
             }
             Response::ChunkList { chunks, more } => {
                 // More than a reply carries: send the first ones and say there are
                 // more, so a client paging by the last address still sees them all.
                 let n = chunks.len().min(MAX_CHUNKS_PER_REPLY);
-                body.extend_from_slice(&(n as u16).to_le_bytes());
+                le::put(&mut body, n as u16);
                 for a in &chunks[..n] {
                     put_allocation(&mut body, a);
                 }
@@ -739,27 +736,27 @@ impl Response {
             Response::VolumeListing { volumes, more } => {
                 // As for ChunkList: what does not fit is left for the next page.
                 let n = listing_fits(volumes);
-                body.extend_from_slice(&(n as u16).to_le_bytes());
+                le::put(&mut body, n as u16);
                 for v in &volumes[..n] {
                     put_name(&mut body, &v.name);
-                    body.extend_from_slice(&v.volume_id.to_le_bytes());
-                    body.extend_from_slice(&v.bytes.to_le_bytes());
-                    body.extend_from_slice(&v.chunks.to_le_bytes());
-                    body.extend_from_slice(&v.holder.to_le_bytes());
+                    le::put(&mut body, v.volume_id);
+                    le::put(&mut body, v.bytes);
+                    le::put(&mut body, v.chunks);
+                    le::put(&mut body, v.holder);
                 }
                 body.push((*more || n < volumes.len()) as u8);
                 K_VOLUME_LISTING
             }
             Response::Copied { bytes } => {
-                body.extend_from_slice(&bytes.to_le_bytes());
+                le::put(&mut body, bytes);
                 K_COPIED
             }
             Response::VolumeDestroyed { bytes } => {
-                body.extend_from_slice(&bytes.to_le_bytes());
+                le::put(&mut body, bytes);
                 K_VOLUME_DESTROYED
             }
             Response::Error { code, message } => {
-                body.extend_from_slice(&code.to_wire().to_le_bytes());
+                le::put(&mut body, code.to_wire());
                 let mut end = message.len().min(MAX_ERROR_MESSAGE);
                 while !message.is_char_boundary(end) {
                     end -= 1;

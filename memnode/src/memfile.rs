@@ -31,6 +31,8 @@
 
 use crate::region::{system_page_size, Region, RegionError};
 use crate::saved::SavedState;
+use rmemfs_common::crc32c::crc32c;
+use rmemfs_common::le;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -113,7 +115,7 @@ struct Header {
 impl Header {
     fn encode(&self) -> Vec<u8> {
         let mut b = MAGIC.to_vec();
-        b.extend_from_slice(&VERSION.to_le_bytes());
+        le::put(&mut b, VERSION);
         for v in [
             self.region_len,
             self.page,
@@ -123,13 +125,13 @@ impl Header {
             self.node_id,
             self.boot,
         ] {
-            b.extend_from_slice(&v.to_le_bytes());
+            le::put(&mut b, v);
         }
         let listen = &self.listen.as_bytes()[..self.listen.len().min(1024)];
-        b.extend_from_slice(&(listen.len() as u16).to_le_bytes());
+        le::put(&mut b, listen.len() as u16);
         b.extend_from_slice(listen);
-        let crc = crc32c::crc32c(&b);
-        b.extend_from_slice(&crc.to_le_bytes());
+        let crc = crc32c(&b);
+        le::put(&mut b, crc);
         b
     }
 
@@ -143,25 +145,21 @@ impl Header {
         if b.len() < fixed + 4 {
             return Err(damaged("its header is cut short"));
         }
-        let n = u16::from_le_bytes([b[fixed - 2], b[fixed - 1]]) as usize;
+        let n = le::u16_at(b, fixed - 2).unwrap_or_default() as usize;
         let end = fixed + n;
-        if b.len() < end + 4 {
+        let Some(crc) = le::u32_at(b, end) else {
             return Err(damaged("its header is cut short"));
-        }
-        let crc = u32::from_le_bytes(b[end..end + 4].try_into().unwrap_or_default());
-        if crc32c::crc32c(&b[..end]) != crc {
+        };
+        if crc32c(&b[..end]) != crc {
             return Err(damaged("its header's checksum does not match"));
         }
-        let version = u32::from_le_bytes(b[8..12].try_into().unwrap_or_default());
+        let version = le::u32_at(b, 8).unwrap_or_default();
         if version != VERSION {
             return Err(damaged(&format!(
                 "its header is of version {version}; this memnode reads {VERSION}"
             )));
         }
-        let v = |i: usize| {
-            let at = 12 + 8 * i;
-            u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default())
-        };
+        let v = |i: usize| le::u64_at(b, 12 + 8 * i).unwrap_or_default();
         Ok(Header {
             region_len: v(0),
             page: v(1),

@@ -8,6 +8,8 @@
 //! refused whole ([`SavedState::decode`] says why), never half read.
 
 use crate::allocator::{Booking, Owner};
+use rmemfs_common::crc32c::crc32c;
+use rmemfs_common::le;
 use rmemfs_common::protocol::{SessionSecret, SESSION_SECRET_LEN};
 
 /// One session of the books.
@@ -47,50 +49,48 @@ impl SavedState {
     /// The record: length, CRC, body.
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; HEAD];
-        put64(&mut b, self.seq);
-        put64(&mut b, self.last_volume_id);
-        put32(&mut b, self.sessions.len() as u32);
+        le::put(&mut b, self.seq);
+        le::put(&mut b, self.last_volume_id);
+        le::put(&mut b, self.sessions.len() as u32);
         for s in &self.sessions {
-            put64(&mut b, s.client);
+            le::put(&mut b, s.client);
             b.extend_from_slice(&s.secret.0);
         }
-        put32(&mut b, self.volumes.len() as u32);
+        le::put(&mut b, self.volumes.len() as u32);
         for v in &self.volumes {
-            put64(&mut b, v.id);
-            put64(&mut b, v.root);
-            put64(&mut b, v.holder);
-            b.extend_from_slice(&(v.name.len() as u16).to_le_bytes());
+            le::put(&mut b, v.id);
+            le::put(&mut b, v.root);
+            le::put(&mut b, v.holder);
+            le::put(&mut b, v.name.len() as u16);
             b.extend_from_slice(&v.name);
         }
-        put32(&mut b, self.fenced.len() as u32);
+        le::put(&mut b, self.fenced.len() as u32);
         for c in &self.fenced {
-            put64(&mut b, *c);
+            le::put(&mut b, c);
         }
-        put32(&mut b, self.bookings.len() as u32);
+        le::put(&mut b, self.bookings.len() as u32);
         for k in &self.bookings {
-            put64(&mut b, k.addr);
-            put64(&mut b, k.len);
+            le::put(&mut b, k.addr);
+            le::put(&mut b, k.len);
             let (kind, who) = match k.owner {
                 Owner::Client(c) => (OWNER_CLIENT, c),
                 Owner::Volume(v) => (OWNER_VOLUME, v),
             };
-            b.push(kind);
-            put64(&mut b, who);
+            le::put(&mut b, kind);
+            le::put(&mut b, who);
         }
         let body_len = (b.len() - HEAD) as u64;
-        let crc = crc32c::crc32c(&b[HEAD..]);
-        b[..8].copy_from_slice(&body_len.to_le_bytes());
-        b[8..HEAD].copy_from_slice(&crc.to_le_bytes());
+        let crc = crc32c(&b[HEAD..]);
+        le::put_at(&mut b, 0, body_len);
+        le::put_at(&mut b, 8, crc);
         b
     }
 
     /// Reads a record from the start of `bytes` (which may run on past it).
     pub fn decode(bytes: &[u8]) -> Result<SavedState, String> {
-        if bytes.len() < HEAD {
+        let (Some(len), Some(crc)) = (le::u64_at(bytes, 0), le::u32_at(bytes, 8)) else {
             return Err("shorter than a record's header".into());
-        }
-        let len = u64::from_le_bytes(bytes[..8].try_into().unwrap_or_default());
-        let crc = u32::from_le_bytes(bytes[8..HEAD].try_into().unwrap_or_default());
+        };
         let body = usize::try_from(len)
             .ok()
             .and_then(|n| bytes.get(HEAD..HEAD.checked_add(n)?))
@@ -98,10 +98,10 @@ impl SavedState {
         if len == 0 {
             return Err("empty (never written)".into());
         }
-        if crc32c::crc32c(body) != crc {
+        if crc32c(body) != crc {
             return Err("its checksum does not match".into());
         }
-        let mut r = Reader { b: body };
+        let mut r = Reader(le::Reader::new(body));
         let mut s = SavedState {
             seq: r.u64()?,
             last_volume_id: r.u64()?,
@@ -117,7 +117,7 @@ impl SavedState {
             let id = r.u64()?;
             let root = r.u64()?;
             let holder = r.u64()?;
-            let n = u16::from_le_bytes(r.take(2)?.try_into().unwrap_or_default());
+            let n = r.0.u16().map_err(cut)?;
             let name = r.take(n as usize)?.to_vec();
             s.volumes.push(SavedVolume {
                 id,
@@ -132,7 +132,7 @@ impl SavedState {
         for _ in 0..r.count(8 + 8 + 1 + 8)? {
             let addr = r.u64()?;
             let len = r.u64()?;
-            let kind = r.take(1)?[0];
+            let kind = r.0.u8().map_err(cut)?;
             let who = r.u64()?;
             let owner = match kind {
                 OWNER_CLIENT => Owner::Client(who),
@@ -141,45 +141,33 @@ impl SavedState {
             };
             s.bookings.push(Booking { owner, addr, len });
         }
-        if !r.b.is_empty() {
-            return Err(format!("{} bytes follow the last booking", r.b.len()));
+        if !r.0.is_empty() {
+            return Err(format!("{} bytes follow the last booking", r.0.remaining()));
         }
         Ok(s)
     }
 }
 
-fn put64(b: &mut Vec<u8>, v: u64) {
-    b.extend_from_slice(&v.to_le_bytes());
+fn cut(_: le::Truncated) -> String {
+    "cut short".into()
 }
 
-fn put32(b: &mut Vec<u8>, v: u32) {
-    b.extend_from_slice(&v.to_le_bytes());
-}
-
-struct Reader<'a> {
-    b: &'a [u8],
-}
+/// The books' fields over [`le::Reader`], failing with the books' messages.
+struct Reader<'a>(le::Reader<'a>);
 
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        if self.b.len() < n {
-            return Err("cut short".into());
-        }
-        let (head, rest) = self.b.split_at(n);
-        self.b = rest;
-        Ok(head)
+        self.0.take(n).map_err(cut)
     }
 
     fn u64(&mut self) -> Result<u64, String> {
-        Ok(u64::from_le_bytes(
-            self.take(8)?.try_into().unwrap_or_default(),
-        ))
+        self.0.u64().map_err(cut)
     }
 
     /// A count of items of at least `min` bytes each, checked against what is left.
     fn count(&mut self, min: usize) -> Result<usize, String> {
-        let n = u32::from_le_bytes(self.take(4)?.try_into().unwrap_or_default()) as usize;
-        if n.saturating_mul(min) > self.b.len() {
+        let n = self.0.u32().map_err(cut)? as usize;
+        if n.saturating_mul(min) > self.0.remaining() {
             return Err(format!("counts {n} items, more than the bytes left hold"));
         }
         Ok(n)

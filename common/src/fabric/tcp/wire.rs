@@ -1,5 +1,7 @@
 //! Frame headers of the tcp backend. Little-endian, fixed size, checked on receipt.
 
+use crate::le;
+
 /// Marks a request header; anything else on the stream is garbage and closes it.
 pub const REQUEST_MAGIC: u16 = 0x524d; // "RM"
 pub const REQUEST_HEADER_LEN: usize = 32;
@@ -26,26 +28,26 @@ pub struct RequestHeader {
 impl RequestHeader {
     pub fn encode(&self) -> [u8; REQUEST_HEADER_LEN] {
         let mut b = [0u8; REQUEST_HEADER_LEN];
-        b[0..2].copy_from_slice(&REQUEST_MAGIC.to_le_bytes());
+        le::put_at(&mut b, 0, REQUEST_MAGIC);
         b[2] = self.op;
-        b[4..8].copy_from_slice(&self.len.to_le_bytes());
-        b[8..16].copy_from_slice(&self.wr_id.to_le_bytes());
-        b[16..24].copy_from_slice(&self.addr.to_le_bytes());
-        b[24..28].copy_from_slice(&self.rkey.to_le_bytes());
+        le::put_at(&mut b, 4, self.len);
+        le::put_at(&mut b, 8, self.wr_id);
+        le::put_at(&mut b, 16, self.addr);
+        le::put_at(&mut b, 24, self.rkey);
         b
     }
 
     /// None when the magic is wrong: the stream is not speaking this protocol.
     pub fn decode(b: &[u8; REQUEST_HEADER_LEN]) -> Option<RequestHeader> {
-        if u16::from_le_bytes([b[0], b[1]]) != REQUEST_MAGIC {
+        if le::u16_at(b, 0)? != REQUEST_MAGIC {
             return None;
         }
         Some(RequestHeader {
             op: b[2],
-            len: u32::from_le_bytes(b[4..8].try_into().ok()?),
-            wr_id: u64::from_le_bytes(b[8..16].try_into().ok()?),
-            addr: u64::from_le_bytes(b[16..24].try_into().ok()?),
-            rkey: u32::from_le_bytes(b[24..28].try_into().ok()?),
+            len: le::u32_at(b, 4)?,
+            wr_id: le::u64_at(b, 8)?,
+            addr: le::u64_at(b, 16)?,
+            rkey: le::u32_at(b, 24)?,
         })
     }
 }
@@ -61,19 +63,18 @@ pub struct CompletionHeader {
 impl CompletionHeader {
     pub fn encode(&self) -> [u8; COMPLETION_HEADER_LEN] {
         let mut b = [0u8; COMPLETION_HEADER_LEN];
-        b[0..8].copy_from_slice(&self.wr_id.to_le_bytes());
+        le::put_at(&mut b, 0, self.wr_id);
         b[8] = self.status;
-        b[12..16].copy_from_slice(&self.len.to_le_bytes());
+        le::put_at(&mut b, 12, self.len);
         b
     }
 
     pub fn decode(b: &[u8; COMPLETION_HEADER_LEN]) -> CompletionHeader {
-        let mut id = [0u8; 8];
-        id.copy_from_slice(&b[0..8]);
+        // The header's size is fixed: every field is inside it.
         CompletionHeader {
-            wr_id: u64::from_le_bytes(id),
+            wr_id: le::u64_at(b, 0).unwrap_or_default(),
             status: b[8],
-            len: u32::from_le_bytes([b[12], b[13], b[14], b[15]]),
+            len: le::u32_at(b, 12).unwrap_or_default(),
         }
     }
 }
