@@ -8,4 +8,5 @@ pub mod le;
 pub mod protocol;
 pub mod reclaim;
 pub mod size;
+pub mod sync;
 pub mod token;

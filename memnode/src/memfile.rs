@@ -233,7 +233,7 @@ impl MemoryFile {
         if !meta.file_type().is_file() {
             return Err(MemoryFileError::NotAFile { path });
         }
-        lock(&file, &path)?;
+        lock_file(&file, &path)?;
         let page = fs_page(&file).map_err(io)?;
         let region_len = size - size % page;
         if region_len == 0 {
@@ -498,7 +498,7 @@ fn read_up_to(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
     Ok(got)
 }
 
-fn lock(file: &File, path: &Path) -> Result<(), MemoryFileError> {
+fn lock_file(file: &File, path: &Path) -> Result<(), MemoryFileError> {
     // SAFETY: flock on an fd we own has no memory-safety preconditions.
     let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if rc == 0 {

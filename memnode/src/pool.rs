@@ -36,8 +36,9 @@ use crate::allocator::{AllocError, Booking, ChunkAllocator, Owner};
 use crate::region::Region;
 use rmemfs_common::fabric::{FabricError, MemoryRegistry};
 use rmemfs_common::protocol::CopySpan;
+use rmemfs_common::sync::lock;
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
 /// One registered chunk: `[addr, addr + len)`, booked to `owner` and registered for
@@ -110,12 +111,6 @@ pub struct Usage {
     pub capacity: u64,
     pub used: u64,
     pub chunks: usize,
-}
-
-// Both mutexes are consistent at every unlock point (single inserts and removes), so
-// poisoning is ignored.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl ChunkPool {

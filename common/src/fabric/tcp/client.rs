@@ -35,6 +35,7 @@ use super::direct;
 use super::wire::*;
 use crate::fabric::{Endpoint, FabricError, RdmaOp, MAX_DATA_OP};
 use crate::protocol::MAX_CONTROL_FRAME;
+use crate::sync::lock;
 use std::io::{BufReader, IoSlice, IoSliceMut, Read};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsFd, AsRawFd};
@@ -54,12 +55,6 @@ const MAX_DEADLINE_SLACK: Duration = Duration::from_millis(50);
 static POLLERS: direct::PollSlots = direct::PollSlots::new();
 /// Most of an error completion's message that is kept.
 const MAX_MESSAGE: usize = 4096;
-
-/// Locks a mutex, carrying on if a panicking thread poisoned it: the data behind
-/// these locks stays consistent at every unlock point.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Why reading a completion failed; each ends the connection.
 enum RxError {

@@ -17,6 +17,7 @@ use super::registry::TcpRegistry;
 use super::wire::*;
 use crate::fabric::{AccessError, ConnectionState, ControlHandler, Server, MAX_DATA_OP};
 use crate::protocol::MAX_CONTROL_FRAME;
+use crate::sync::lock;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
@@ -131,10 +132,6 @@ impl Drop for TcpServer {
     fn drop(&mut self) {
         Server::shutdown(self);
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn accept_loop(listener: TcpListener, services: Arc<Services>) {

@@ -23,6 +23,7 @@ use super::messages::{Messages, RECV_DEPTH, RECV_TAG, SEND_TAG};
 use super::sys::*;
 use super::PRIVATE_MAGIC;
 use crate::fabric::{Endpoint, FabricError, RdmaOp, MAX_DATA_OP};
+use crate::sync::lock;
 use rdma_sys::*;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -75,10 +76,6 @@ struct Inner {
 pub struct VerbsEndpoint {
     inner: Arc<Inner>,
     poller: Option<JoinHandle<()>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Destroys a connection's QP on early return from setup, before the CQ and the

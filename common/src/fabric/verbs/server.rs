@@ -22,11 +22,12 @@ use crate::fabric::tcp::server::MAX_CONNECTIONS;
 use crate::fabric::{
     ConnectionState, ControlHandler, FabricError, Listener, MemoryRegistry, Server,
 };
+use crate::sync::lock;
 use rdma_sys::*;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -34,10 +35,6 @@ use std::time::Duration;
 /// time.
 const SEND_DEPTH: u32 = 4;
 const TICK: Duration = Duration::from_millis(100);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Memory registration of a verbs memnode: one MR per chunk in its owner's PD.
 #[derive(Default)]
