@@ -12,6 +12,7 @@
 //!   it was created with, instead of the umask; a new directory inherits the default
 //!   ACL itself too (`posix_acl_create`).
 
+use rmemfs_common::le;
 use std::fmt;
 
 /// The xattr names of the two ACLs.
@@ -65,10 +66,9 @@ impl Acl {
     /// increasing id order without repeats; a mask, required when there are named
     /// entries; tags in that order; permissions within rwx.
     pub fn decode(bytes: &[u8]) -> Result<Acl, InvalidAcl> {
-        let (header, body) = bytes
-            .split_first_chunk::<4>()
-            .ok_or(InvalidAcl("shorter than its header"))?;
-        if u32::from_le_bytes(*header) != VERSION {
+        let version = le::u32_at(bytes, 0).ok_or(InvalidAcl("shorter than its header"))?;
+        let body = &bytes[4..];
+        if version != VERSION {
             return Err(InvalidAcl("not version 2"));
         }
         if body.is_empty() || body.len() % 8 != 0 {
@@ -77,9 +77,9 @@ impl Acl {
         let entries: Vec<Entry> = body
             .chunks_exact(8)
             .map(|e| Entry {
-                tag: u16::from_le_bytes([e[0], e[1]]),
-                perm: u16::from_le_bytes([e[2], e[3]]),
-                id: u32::from_le_bytes([e[4], e[5], e[6], e[7]]),
+                tag: le::u16_at(e, 0).unwrap_or_default(),
+                perm: le::u16_at(e, 2).unwrap_or_default(),
+                id: le::u32_at(e, 4).unwrap_or_default(),
             })
             .collect();
         let mut previous: Option<Entry> = None;
@@ -119,16 +119,16 @@ impl Acl {
     /// The xattr form.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(4 + 8 * self.entries.len());
-        out.extend_from_slice(&VERSION.to_le_bytes());
+        le::put(&mut out, VERSION);
         for e in &self.entries {
-            out.extend_from_slice(&e.tag.to_le_bytes());
-            out.extend_from_slice(&e.perm.to_le_bytes());
+            le::put(&mut out, e.tag);
+            le::put(&mut out, e.perm);
             let id = if e.tag == USER || e.tag == GROUP {
                 e.id
             } else {
                 UNDEFINED_ID
             };
-            out.extend_from_slice(&id.to_le_bytes());
+            le::put(&mut out, id);
         }
         out
     }
