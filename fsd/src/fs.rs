@@ -1089,10 +1089,4 @@ pub use space::{Allocate, Seek};
 pub use xattr::SetXattrMode;
 
 #[cfg(test)]
-mod checksum_tests;
-#[cfg(test)]
-mod copy_tests;
-#[cfg(test)]
-mod replication_tests;
-#[cfg(test)]
 mod tests;
