@@ -413,10 +413,6 @@ fn two_writers_racing_into_a_new_block_both_land_even_if_it_is_evicted_between_t
     );
 }
 
-mod acl;
-mod small;
-mod subblock;
-
 #[test]
 fn chown_and_unprivileged_writes_clear_setuid_and_group_executable_setgid() {
     let r = rig(16 << 20, 4 * BS, 1 << 20);
@@ -625,8 +621,6 @@ fn a_sequential_writer_has_its_finished_blocks_written_behind_it() {
     assert_eq!(r.fs.cache().dirty_pages(), 0);
 }
 
-mod volume;
-
 /// Random reads that came together are answered together, with the bytes written,
 /// from remote memory; those `read_together` leaves alone (a stream's next read, a
 /// read across blocks, of a hole, past the end, of a file that is none) are then
@@ -706,3 +700,13 @@ fn reads_together_answer_random_reads_and_leave_the_rest_to_read_into() {
     assert!(r.fs.read(f, 32 * BLOCK, 4096).unwrap().is_empty());
     assert!(r.fs.read(9999, 0, 4096).is_err());
 }
+
+// The tests of one subject each, on the rigs above (`replication.rs` has its own,
+// of several memnodes, which `checksum.rs` and `copy.rs` share).
+mod acl;
+mod checksum;
+mod copy;
+mod replication;
+mod small;
+mod subblock;
+mod volume;

@@ -2,7 +2,7 @@
 //! memnodes that hold the source), the ends through the cache, holes kept, sums
 //! carried over; the copy reads back exactly from remote memory, not from the cache.
 
-use super::replication_tests::{Cluster, ME};
+use super::replication::{Cluster, ME};
 use super::*;
 use crate::inode::ROOT_INO;
 

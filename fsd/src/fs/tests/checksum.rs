@@ -3,7 +3,7 @@
 //! is left; never returned as data. The copy is damaged through the fabric at its
 //! remote address, as a stray write on the memnode's host would.
 
-use super::replication_tests::{Cluster, BS, ME};
+use super::replication::{Cluster, BS, ME};
 use super::*;
 use crate::inode::ROOT_INO;
 
