@@ -1,13 +1,16 @@
 //! The namespace on a durable volume: the records its changes are logged as, the
 //! whole-namespace records of a checkpoint, and the namespace rebuilt from a replayed
 //! [`Image`]. The format itself is `volume/format.rs`; this is what maps fsd's
-//! inodes and directories onto it.
+//! inodes and directories onto it. The volume reaches all of this through its
+//! [`Logged`] trait, implemented here: it names no type of the namespace's, so the
+//! namespace depends on the volume and not the other way round.
 
 use super::{Dir, Namespace};
 use crate::inode::{Attr, BlockEntry, FileKind, Ino, Inode, Meta, ROOT_INO};
 use crate::volume::format::{Record, StoredAttr, Time};
 use crate::volume::image::Image;
 use crate::volume::journal::Journal;
+use crate::volume::{BlockEncoder, Logged};
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -15,11 +18,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-/// Turns a block's entry into its record (the volume knows the member slots); the
-/// flag says whether its page sums go in (not while a write-back of the file may be
-/// changing the pages: see `volume/mod.rs`, "Page sums in the log").
-pub type BlockEncoder<'a> = &'a dyn Fn(Ino, u64, &BlockEntry, bool) -> Record;
 
 /// The records of `m`'s blocks `indexes` (a gone one as such); notes in `m` whether
 /// the log now holds sums of them.
@@ -217,44 +215,6 @@ impl Namespace {
         block_records(ino, &mut m, changed.into_iter().flatten(), encode, out);
     }
 
-    /// A commit's view: with structural changes held off, runs `take` (which takes the
-    /// journal's entries and dirty inodes) and returns its entries and the records of
-    /// the dirty inodes' current state.
-    pub fn commit_records(
-        &self,
-        take: impl FnOnce() -> (Vec<Vec<Record>>, Vec<Ino>),
-        encode: BlockEncoder<'_>,
-    ) -> (Vec<Vec<Record>>, Vec<Record>) {
-        let _tree = self.tree_read();
-        let (entries, dirty) = take();
-        let mut records = Vec::new();
-        for ino in dirty {
-            self.dirty_records(ino, encode, &mut records);
-        }
-        (entries, records)
-    }
-
-    /// Every record of the whole namespace, for a checkpoint. Structural changes are
-    /// held off meanwhile; `take` runs first under the same hold (it discards what the
-    /// journal holds: the checkpoint covers it).
-    pub fn checkpoint_records(&self, take: impl FnOnce(), encode: BlockEncoder<'_>) -> Vec<Record> {
-        let tree = self.tree_write();
-        take();
-        self.all_records(&tree, encode, true)
-    }
-
-    /// The records a checkpoint would hold now, to measure its size: nothing is
-    /// marked committed. `measured` runs with structural changes held off.
-    pub fn checkpoint_preview(
-        &self,
-        measured: impl FnOnce(),
-        encode: BlockEncoder<'_>,
-    ) -> Vec<Record> {
-        let tree = self.tree_read();
-        measured();
-        self.all_records(&tree, encode, false)
-    }
-
     /// The records of every inode and directory in `tree`; with `checkpoint`, each
     /// inode is marked as committed by them (its dirty flags cleared).
     fn all_records(
@@ -313,11 +273,19 @@ impl Namespace {
         }
         out
     }
+}
 
-    /// The namespace a replayed volume describes, logging to `journal` from now on.
-    /// `block` turns each stored block into its entry (or drops it when no copy of it
-    /// is left). Orphans must have been dropped from `image` first.
-    pub fn from_image(
+impl Logged for Namespace {
+    fn new_logged(uid: u32, gid: u32, journal: Arc<Journal>) -> Namespace {
+        let mut ns = Namespace::new(uid, gid);
+        if let Ok(root) = ns.get(ROOT_INO) {
+            root.meta().dirty_blocks = Some(Default::default());
+        }
+        ns.journal = Some(journal);
+        ns
+    }
+
+    fn from_image(
         image: Image,
         journal: Arc<Journal>,
         block: &dyn Fn(&crate::volume::format::StoredBlock) -> Option<BlockEntry>,
@@ -366,14 +334,34 @@ impl Namespace {
         }
     }
 
-    /// A fresh volume's namespace: the root alone, owned by `uid:gid`.
-    pub fn new_logged(uid: u32, gid: u32, journal: Arc<Journal>) -> Namespace {
-        let mut ns = Namespace::new(uid, gid);
-        if let Ok(root) = ns.get(ROOT_INO) {
-            root.meta().dirty_blocks = Some(Default::default());
+    fn commit_records(
+        &self,
+        take: impl FnOnce() -> (Vec<Vec<Record>>, Vec<Ino>),
+        encode: BlockEncoder<'_>,
+    ) -> (Vec<Vec<Record>>, Vec<Record>) {
+        let _tree = self.tree_read();
+        let (entries, dirty) = take();
+        let mut records = Vec::new();
+        for ino in dirty {
+            self.dirty_records(ino, encode, &mut records);
         }
-        ns.journal = Some(journal);
-        ns
+        (entries, records)
+    }
+
+    fn checkpoint_records(&self, take: impl FnOnce(), encode: BlockEncoder<'_>) -> Vec<Record> {
+        let tree = self.tree_write();
+        take();
+        self.all_records(&tree, encode, true)
+    }
+
+    fn checkpoint_preview(&self, measured: impl FnOnce(), encode: BlockEncoder<'_>) -> Vec<Record> {
+        let tree = self.tree_read();
+        measured();
+        self.all_records(&tree, encode, false)
+    }
+
+    fn inodes(&self) -> Vec<Arc<Inode>> {
+        self.all()
     }
 }
 

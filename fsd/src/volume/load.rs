@@ -13,8 +13,8 @@ use super::format::{
 };
 use super::image::Image;
 use super::journal::Journal;
+use super::logged::Logged;
 use crate::inode::BlockEntry;
-use crate::namespace::Namespace;
 use crate::remote::sums::Sums;
 use crate::remote::{BlockLoc, RemoteError, RemoteStore};
 use rmemfs_common::fabric::RemoteAddr;
@@ -576,7 +576,7 @@ impl Loaded {
     }
 
     /// The live namespace (after [`Loaded::reclaim`]).
-    pub fn into_namespace(self, remote: &RemoteStore, journal: Arc<Journal>) -> Namespace {
+    pub fn into_namespace<N: Logged>(self, remote: &RemoteStore, journal: Arc<Journal>) -> N {
         // A written block with no copy left keeps its entry: reading it fails (EIO)
         // rather than returning zeros as if it were a hole. Pages from a file's end
         // on keep no sum: the mount zeroes them (`zero_past_eof`).
@@ -587,7 +587,7 @@ impl Loaded {
             .iter()
             .map(|(&ino, i)| (ino, i.attr.size))
             .collect();
-        Namespace::from_image(self.image.clone(), journal, &|b| {
+        N::from_image(self.image.clone(), journal, &|b| {
             let mut sums = Sums::from_stored(b.sums.clone());
             let end = sizes.get(&b.ino).copied().unwrap_or(0);
             let start = b.index.saturating_mul(bs);
