@@ -22,6 +22,8 @@
 //! are in the log is written again, fsd logs [`Record::SumsStale`] for it (see
 //! `volume/mod.rs`), so after a crash its pages are taken as unchecked, never as bad.
 
+use rmemfs_common::crc32c::{crc32c, crc32c_of};
+use rmemfs_common::le;
 use thiserror::Error;
 
 /// Bumped whenever a layout below changes. This fsd writes this version.
@@ -185,7 +187,7 @@ const MAX_FIELD: usize = 1 << 20;
 const MAX_COPIES: usize = 16;
 
 pub fn crc(bytes: &[u8]) -> u32 {
-    crc32c::crc32c(bytes)
+    crc32c(bytes)
 }
 
 /// Appends little-endian fields.
@@ -199,13 +201,13 @@ impl Writer {
         self.buf.push(v);
     }
     fn u16(&mut self, v: u16) {
-        self.buf.extend_from_slice(&v.to_le_bytes());
+        le::put(&mut self.buf, v);
     }
     fn u32(&mut self, v: u32) {
-        self.buf.extend_from_slice(&v.to_le_bytes());
+        le::put(&mut self.buf, v);
     }
     fn u64(&mut self, v: u64) {
-        self.buf.extend_from_slice(&v.to_le_bytes());
+        le::put(&mut self.buf, v);
     }
     fn bytes(&mut self, b: &[u8]) {
         self.u32(b.len() as u32);
@@ -331,53 +333,49 @@ impl Writer {
         };
         let len = (self.buf.len() - body) as u32;
         self.buf[start] = kind;
-        self.buf[start + 1..start + 5].copy_from_slice(&len.to_le_bytes());
+        le::put_at(&mut self.buf, start + 1, len);
     }
 }
 
-/// Reads little-endian fields, failing instead of panicking.
+impl From<le::Truncated> for FormatError {
+    fn from(t: le::Truncated) -> Self {
+        FormatError::Truncated {
+            needed: t.needed,
+            have: t.have,
+        }
+    }
+}
+
+/// Reads the format's fields over [`le::Reader`], failing instead of panicking.
 pub struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
+    r: le::Reader<'a>,
 }
 
 impl<'a> Reader<'a> {
     pub fn new(buf: &'a [u8]) -> Reader<'a> {
-        Reader { buf, pos: 0 }
+        Reader {
+            r: le::Reader::new(buf),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.pos >= self.buf.len()
+        self.r.is_empty()
     }
 
     fn take(&mut self, n: usize) -> Result<&'a [u8], FormatError> {
-        match self.pos.checked_add(n).filter(|&e| e <= self.buf.len()) {
-            Some(end) => {
-                let s = &self.buf[self.pos..end];
-                self.pos = end;
-                Ok(s)
-            }
-            None => Err(FormatError::Truncated {
-                needed: self.pos.saturating_add(n),
-                have: self.buf.len(),
-            }),
-        }
+        Ok(self.r.take(n)?)
     }
     fn u8(&mut self) -> Result<u8, FormatError> {
-        Ok(self.take(1)?[0])
+        Ok(self.r.u8()?)
     }
     fn u16(&mut self) -> Result<u16, FormatError> {
-        let b = self.take(2)?;
-        Ok(u16::from_le_bytes([b[0], b[1]]))
+        Ok(self.r.u16()?)
     }
     fn u32(&mut self) -> Result<u32, FormatError> {
-        let b = self.take(4)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        Ok(self.r.u32()?)
     }
     fn u64(&mut self) -> Result<u64, FormatError> {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(self.take(8)?);
-        Ok(u64::from_le_bytes(a))
+        Ok(self.r.u64()?)
     }
     fn bytes(&mut self, field: &'static str) -> Result<Vec<u8>, FormatError> {
         let n = self.u32()? as usize;
@@ -555,10 +553,10 @@ pub fn encode_records<'a>(records: impl IntoIterator<Item = &'a Record>) -> Vec<
 /// sequence, length and body), the body, zero padding to [`ENTRY_ALIGN`].
 pub fn encode_entry(seq: u64, body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(ENTRY_HEADER + body.len() + ENTRY_ALIGN);
-    out.extend_from_slice(&ENTRY_MAGIC.to_le_bytes());
-    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    out.extend_from_slice(&seq.to_le_bytes());
-    out.extend_from_slice(&entry_crc(seq, body).to_le_bytes());
+    le::put(&mut out, ENTRY_MAGIC);
+    le::put(&mut out, body.len() as u32);
+    le::put(&mut out, seq);
+    le::put(&mut out, entry_crc(seq, body));
     out.extend_from_slice(&[0; 4]);
     out.extend_from_slice(body);
     while !out.len().is_multiple_of(ENTRY_ALIGN) {
@@ -569,9 +567,9 @@ pub fn encode_entry(seq: u64, body: &[u8]) -> Vec<u8> {
 
 fn entry_crc(seq: u64, body: &[u8]) -> u32 {
     let mut head = [0u8; 12];
-    head[..8].copy_from_slice(&seq.to_le_bytes());
-    head[8..].copy_from_slice(&(body.len() as u32).to_le_bytes());
-    crc32c::crc32c_append(crc32c::crc32c(&head), body)
+    le::put_at(&mut head, 0, seq);
+    le::put_at(&mut head, 8, body.len() as u32);
+    crc32c_of(&[&head, body])
 }
 
 /// One valid log entry found in a log area.
@@ -586,14 +584,12 @@ pub struct Entry<'a> {
 /// The entry at `offset` of `log`, if one is there whole and valid.
 pub fn entry_at(log: &[u8], offset: usize) -> Option<Entry<'_>> {
     let head = log.get(offset..offset.checked_add(ENTRY_HEADER)?)?;
-    let word = |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
+    let word = |i: usize| le::u32_at(head, i).unwrap_or_default();
     if word(0) != ENTRY_MAGIC {
         return None;
     }
     let len = word(4) as usize;
-    let mut s = [0u8; 8];
-    s.copy_from_slice(&head[8..16]);
-    let seq = u64::from_le_bytes(s);
+    let seq = le::u64_at(head, 8)?;
     let start = offset + ENTRY_HEADER;
     let body = log.get(start..start.checked_add(len)?)?;
     if entry_crc(seq, body) != word(16) {
@@ -734,7 +730,7 @@ impl Superblock {
         for _ in 0..n {
             members.push(r.u64()?);
         }
-        let covered = r.pos;
+        let covered = r.r.position();
         let stored = r.u32()?;
         if crc(&slot[..covered]) != stored {
             return Err(FormatError::Checksum);
@@ -792,7 +788,7 @@ pub fn decode_checkpoint(bytes: &[u8], generation: u64) -> Result<Vec<Record>, F
     if r.take(8)? != CHECKPOINT_MAGIC {
         return Err(FormatError::Magic);
     }
-    let stored_head_crc = u32::from_le_bytes([head[44], head[45], head[46], head[47]]);
+    let stored_head_crc = le::u32_at(head, CHECKPOINT_HEADER - 4).unwrap_or_default();
     if crc(&head[..CHECKPOINT_HEADER - 4]) != stored_head_crc {
         return Err(FormatError::Checksum);
     }

@@ -157,7 +157,7 @@ mod tests {
             Record::Block(b) => b.sums,
             _ => panic!("not a block record"),
         };
-        let one = crc32c::crc32c(&[7u8; 4096]);
+        let one = rmemfs_common::crc32c::crc32c(&[7u8; 4096]);
         assert_eq!(stored(&e, true), vec![None, Some(one)]);
         assert!(
             stored(&e, false).is_empty(),
