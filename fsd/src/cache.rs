@@ -45,11 +45,11 @@
 //!
 //! A page keeps the checksum of each 4 KiB of its buffer that a write filled whole
 //! (`remote/sums.rs`), computed right after the write's copy, while those bytes are
-//! still in the writing CPU's caches, and hands it to [`Backing::store`] with the
+//! still in the writing CPU's caches, and hands it to [`RemoteIo::store`] with the
 //! bytes: a stream's write-back then sends its pages without a second pass over
 //! them. Any other change to those bytes (a fill, zeros, a write of part of them,
 //! a caller that changes what it likes) forgets their sums, so a sum handed over is
-//! always the sum of the bytes beside it; the backing sums what it is not given.
+//! always the sum of the bytes beside it; remote I/O sums what it is not given.
 //!
 //! Structure and invariants:
 //! - `Index::lru` maps keys to live pages, least recently used first. `Index::evicting`
@@ -60,7 +60,7 @@
 //!   fsync and truncate.
 //! - A page's bytes and flags are only touched under its own mutex. `valid` says which
 //!   sectors of the bytes are the block's content (the others are to be taken from
-//!   the backing, and a fill never overwrites a valid sector); `dirty` says which
+//!   remote I/O, and a fill never overwrites a valid sector); `dirty` says which
 //!   valid sectors are newer than remote memory (never one that is not valid).
 //!   `parts` are byte ranges of sectors not in `valid`, at most one per sector and
 //!   never a whole one, always newer than remote memory; a sector whose part is
@@ -80,11 +80,11 @@
 //!
 //! Lock order: a page's mutex may be taken while holding no other page mutex, or
 //! several page mutexes in ascending key order. The index mutex is innermost: nothing
-//! else is locked while holding it. Write-back and loading call the [`Backing`] with
-//! page mutexes held; the backing must not touch the cache.
+//! else is locked while holding it. Write-back and loading call the [`RemoteIo`] with
+//! page mutexes held; remote I/O must not touch the cache.
 //!
 //! Layout: this file holds the cache's surface, what the rest of fsd uses
-//! ([`PageCache`], [`Backing`], [`Store`], [`Fill`], [`CacheCounters`]); the work is
+//! ([`PageCache`], [`RemoteIo`], [`Store`], [`Fill`], [`CacheCounters`]); the work is
 //! in submodules, each an `impl PageCache` of one job. `sectors`: masks of a block's
 //! sectors; `page`: one page's state (valid and dirty sectors, parts, checksums);
 //! `index`: the LRU index, finding or making a page, invalidation; `budget`: the
@@ -134,15 +134,15 @@ pub struct Store<'a> {
 }
 
 /// Where pages come from and go to: remote memory, via the filesystem's block maps.
-pub trait Backing: Send + Sync {
+pub trait RemoteIo: Send + Sync {
     /// Fills each buffer with bytes `offset..offset + buffer length` of its block's
     /// current content (zeros for a hole). A block may appear several times, for
     /// different ranges.
     fn load(&self, reads: &mut [(PageKey, usize, &mut [u8])]) -> Vec<Result<(), FsError>>;
     /// Writes each buffer to bytes `offset..offset + buffer length` of its block in
     /// remote memory. A whole block (offset 0, a whole buffer) may get new copies; a
-    /// part of one (only ever asked for where [`Backing::stores_in_part`] said yes) is
-    /// written to the copies the block has. A failure is recorded by the backing, for
+    /// part of one (only ever asked for where [`RemoteIo::stores_in_part`] said yes) is
+    /// written to the copies the block has. A failure is recorded by remote I/O, for
     /// fsync or close to report.
     fn store(&self, writes: &[Store<'_>]) -> Vec<Result<(), FsError>>;
     /// Whether block `key` can be written back in part: remote memory holds its
@@ -157,7 +157,7 @@ pub trait Backing: Send + Sync {
 /// How a page that is not fully valid is to be filled before use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fill {
-    /// Read the block from the backing (into the sectors the page does not hold).
+    /// Read the block from remote I/O (into the sectors the page does not hold).
     Load,
     /// The caller reads bytes `from..to` of the block and nothing else: only the
     /// sectors those touch are loaded (a random read loads what it reads, in whole

@@ -6,7 +6,7 @@
 //! - A block gets its remote copies when it is first written, before the write is
 //!   acknowledged; so full remote memory fails the write with ENOSPC, and write-back
 //!   (on eviction, fsync, flush or the periodic flusher) allocates only to replace
-//!   copies lost with a memnode (`backing.rs`).
+//!   copies lost with a memnode (`remote_io.rs`).
 //! - A block that is in the block map holds, in remote memory or in a dirty page, the
 //!   bytes of the file; bytes past end-of-file inside the last block are zero.
 //! - A block freed (truncate, delete) is first dropped from the cache, waiting for any
@@ -17,7 +17,7 @@
 //! create, link, rename, unlink, open, release), `attr.rs` (getattr, setattr, atime),
 //! `truncate.rs`, `read.rs`, `write.rs`, `room.rs` (ENOSPC and the volume's room to
 //! grow), `sync.rs` (fsync, flush, commit, shutdown), `space.rs` (fallocate, lseek),
-//! `copy.rs` (copy_file_range) and `xattr.rs`. Below them: `backing.rs` (the page
+//! `copy.rs` (copy_file_range) and `xattr.rs`. Below them: `remote_io.rs` (the page
 //! cache's loads and write-backs), `fit.rs` (growing a block's copies) and
 //! `prefetch.rs` (readahead); beside them, in the background, `repair.rs`
 //! (re-replication) and `scrub.rs`. This file keeps the filesystem's state and what
@@ -262,12 +262,12 @@ impl RmemFs {
 }
 
 mod attr;
-mod backing;
 pub mod copy;
 mod fit;
 mod names;
 mod prefetch;
 mod read;
+mod remote_io;
 mod repair;
 mod room;
 mod scrub;

@@ -4,7 +4,7 @@
 //! and record what the callback made valid and dirty.
 
 use super::page::{Page, PageState};
-use super::{lock, Backing, Fill, PageCache, PageKey};
+use super::{lock, Fill, PageCache, PageKey, RemoteIo};
 use crate::error::FsError;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
@@ -19,7 +19,7 @@ impl PageCache {
     /// `bytes` is the whole block.
     pub fn access<F>(
         &self,
-        backing: &dyn Backing,
+        io: &dyn RemoteIo,
         ino: u64,
         idxs: Range<u64>,
         fill: impl Fn(u64) -> Fill,
@@ -29,7 +29,7 @@ impl PageCache {
         F: FnMut(u64, &mut [u8], &mut bool) -> Result<(), FsError>,
     {
         // Without sector pages every buffer is the whole block (its base is 0).
-        self.access_pages(backing, ino, idxs, fill, false, |i, _, bytes, dirty| {
+        self.access_pages(io, ino, idxs, fill, false, |i, _, bytes, dirty| {
             f(i, bytes, dirty)
         })
     }
@@ -41,7 +41,7 @@ impl PageCache {
     /// is (see the module comment).
     pub fn read<F>(
         &self,
-        backing: &dyn Backing,
+        io: &dyn RemoteIo,
         ino: u64,
         idxs: Range<u64>,
         fill: impl Fn(u64) -> Fill,
@@ -50,7 +50,7 @@ impl PageCache {
     where
         F: FnMut(u64, usize, &[u8]) -> Result<(), FsError>,
     {
-        self.access_pages(backing, ino, idxs, fill, true, |i, base, bytes, _| {
+        self.access_pages(io, ino, idxs, fill, true, |i, base, bytes, _| {
             f(i, base, bytes)
         })
     }
@@ -59,7 +59,7 @@ impl PageCache {
     /// sector page's buffer and its base where the fill reads only its sector.
     fn access_pages<F>(
         &self,
-        backing: &dyn Backing,
+        io: &dyn RemoteIo,
         ino: u64,
         idxs: Range<u64>,
         fill: impl Fn(u64) -> Fill,
@@ -76,7 +76,7 @@ impl PageCache {
             let keys: Vec<PageKey> = (start..end).map(|i| (ino, i)).collect();
             // How each page is to be filled.
             let hows: Vec<Fill> = (start..end).map(&fill).collect();
-            self.access_group(backing, &keys, &hows, sector_pages, false, &mut f)?;
+            self.access_group(io, &keys, &hows, sector_pages, false, &mut f)?;
             start = end;
         }
         Ok(())
@@ -92,7 +92,7 @@ impl PageCache {
     /// worked keep what they loaded.
     pub fn read_together<F>(
         &self,
-        backing: &dyn Backing,
+        io: &dyn RemoteIo,
         ino: u64,
         blocks: &[(u64, Range<usize>)],
         mut f: F,
@@ -115,7 +115,7 @@ impl PageCache {
                 })
                 .collect();
             let read = &mut |i, base, bytes: &mut [u8], _: &mut bool| f(i, base, bytes);
-            loaded += self.access_group(backing, &keys, &hows, true, true, read)?;
+            loaded += self.access_group(io, &keys, &hows, true, true, read)?;
         }
         Ok(loaded)
     }
@@ -125,7 +125,7 @@ impl PageCache {
     /// [`PageCache::access_pages`]). `batched`: for [`PageCache::read_together`].
     fn access_group<F>(
         &self,
-        backing: &dyn Backing,
+        io: &dyn RemoteIo,
         keys: &[PageKey],
         hows: &[Fill],
         sector_pages: bool,
@@ -144,7 +144,7 @@ impl PageCache {
                 .zip(hows)
                 .map(|(&key, &how)| {
                     let sector = self.sector_read(how).filter(|_| sector_pages);
-                    self.acquire(backing, key, sector, batched)
+                    self.acquire(io, key, sector, batched)
                 })
                 .collect();
             self.trim_if_due();
@@ -170,7 +170,7 @@ impl PageCache {
             // Sectors of a write's ends that the page lacks, whose new bytes join the
             // sector's part, with the bytes written.
             let mut joins: Vec<(u64, Range<usize>)> = vec![(0, 0..0); guards.len()];
-            // Pages to load from the backing, with the sectors each needs.
+            // Pages to load from remote I/O, with the sectors each needs.
             let mut to_load: Vec<(usize, u64)> = Vec::new();
             for (n, g) in guards.iter_mut().enumerate() {
                 let how = hows[n];
@@ -224,7 +224,7 @@ impl PageCache {
                         batch.push((keys[n], &mut **g, mask));
                     }
                 }
-                let results = self.fill_sectors(backing, &mut batch);
+                let results = self.fill_sectors(io, &mut batch);
                 drop(batch);
                 for r in results {
                     r?;
@@ -280,14 +280,14 @@ impl PageCache {
                 if let Err(e) = result {
                     drop(guards);
                     if grew {
-                        self.shrink(backing);
+                        self.shrink(io);
                     }
                     return Err(e);
                 }
             }
             drop(guards);
             if grew {
-                self.shrink(backing);
+                self.shrink(io);
             }
             return Ok(loaded);
         }

@@ -5,7 +5,7 @@
 //! share: eviction is what decides a page leaves, and settles the index after.
 
 use super::page::{Page, PageState};
-use super::{lock, Backing, PageCache, PageKey};
+use super::{lock, PageCache, PageKey, RemoteIo};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -13,7 +13,7 @@ impl PageCache {
     /// Evicts until the cache's buffers are within its budget again, after sector pages
     /// took more memory while their locks were held. Pages in use are skipped. Must be
     /// called with no page mutex held.
-    pub(super) fn shrink(&self, backing: &dyn Backing) {
+    pub(super) fn shrink(&self, io: &dyn RemoteIo) {
         // A page at a time: the overshoot is a sector or a block.
         loop {
             let victim = {
@@ -27,7 +27,7 @@ impl PageCache {
                 idx.evicting.insert(k, p.clone());
                 p
             };
-            if self.evict(backing, vec![victim]) == 0 {
+            if self.evict(io, vec![victim]) == 0 {
                 return;
             }
         }
@@ -35,7 +35,7 @@ impl PageCache {
 
     /// Writes back the dirty victims and recycles the buffers of those nobody else
     /// holds. Returns how many pages left the cache.
-    pub(super) fn evict(&self, backing: &dyn Backing, victims: Vec<Arc<Page>>) -> usize {
+    pub(super) fn evict(&self, io: &dyn RemoteIo, victims: Vec<Arc<Page>>) -> usize {
         // Victims in use elsewhere are skipped (put back as recently used): waiting for
         // them could deadlock against a thread holding page locks in key order.
         let mut locked = Vec::new();
@@ -55,9 +55,9 @@ impl PageCache {
         }
         let mut batch: Vec<(PageKey, &mut PageState)> =
             locked.iter_mut().map(|(p, g)| (p.key, &mut **g)).collect();
-        // A failed write-back is recorded by the backing for fsync/close to report;
+        // A failed write-back is recorded by remote I/O for fsync/close to report;
         // the page cannot be kept without unbounded memory, so it goes anyway.
-        if let Err(e) = self.write_back(backing, &mut batch, true) {
+        if let Err(e) = self.write_back(io, &mut batch, true) {
             log::error!("write-back during eviction failed: {e}");
         }
         drop(batch);

@@ -1,4 +1,4 @@
-//! Filling pages: loading the sectors a page lacks from the backing, in one batch
+//! Filling pages: loading the sectors a page lacks from remote I/O, in one batch
 //! for several pages, zero-filling a block with no content yet, and sector pages
 //! (made by random reads of one sector) getting more sectors or being promoted to a
 //! buffer of the whole block.
@@ -7,7 +7,7 @@
 
 use super::buffers::PageBuf;
 use super::page::PageState;
-use super::{lock, Backing, Fill, PageCache, PageKey};
+use super::{lock, Fill, PageCache, PageKey, RemoteIo};
 use crate::error::FsError;
 use std::sync::atomic::Ordering;
 
@@ -68,7 +68,7 @@ impl PageCache {
     /// failed gains nothing.
     pub(super) fn fill_sectors(
         &self,
-        backing: &dyn Backing,
+        io: &dyn RemoteIo,
         pages: &mut [(PageKey, &mut PageState, u64)],
     ) -> Vec<Result<(), FsError>> {
         let full = self.sectors.full;
@@ -111,7 +111,7 @@ impl PageCache {
         if batch.is_empty() {
             return out;
         }
-        let results = backing.load(&mut batch);
+        let results = io.load(&mut batch);
         drop(batch);
         for (&n, r) in owner.iter().zip(results) {
             if let (Err(e), true) = (r, out[n].is_ok()) {

@@ -7,7 +7,7 @@
 
 use super::buffers::PageBuf;
 use super::page::{Page, PageState};
-use super::{lock, Backing, PageCache, PageKey};
+use super::{lock, PageCache, PageKey, RemoteIo};
 use lru::LruCache;
 use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
@@ -61,7 +61,7 @@ impl PageCache {
     /// be called with no page mutex held.
     pub(super) fn acquire(
         &self,
-        backing: &dyn Backing,
+        io: &dyn RemoteIo,
         key: PageKey,
         sector: Option<usize>,
         batched: bool,
@@ -77,7 +77,7 @@ impl PageCache {
                 let mut idx = lock(&self.index);
                 if idx.held > self.budget && !shrunk {
                     drop(idx);
-                    self.shrink(backing);
+                    self.shrink(io);
                     shrunk = true;
                     continue;
                 }
@@ -135,7 +135,7 @@ impl PageCache {
                 }
                 victims
             };
-            overshoot = self.evict(backing, victims) == 0;
+            overshoot = self.evict(io, victims) == 0;
         }
     }
 

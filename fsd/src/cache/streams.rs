@@ -4,7 +4,7 @@
 //! the cache alone (see the module comment of `cache`).
 
 use super::page::Page;
-use super::{lock, Backing, PageCache};
+use super::{lock, PageCache, RemoteIo};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -53,7 +53,7 @@ impl PageCache {
     /// Writes back the blocks queued by [`PageCache::write_behind`] that are still
     /// dirty, in batches, and drops behind those that are clean then. Pages in use
     /// are left to the usual write-back. Returns how many pages were written back.
-    pub fn clean_behind(&self, backing: &dyn Backing) -> usize {
+    pub fn clean_behind(&self, io: &dyn RemoteIo) -> usize {
         let mut keys = std::mem::take(&mut *lock(&self.behind));
         if keys.is_empty() {
             return 0;
@@ -70,7 +70,7 @@ impl PageCache {
                     .filter_map(|k| idx.lru.peek(k).cloned())
                     .collect()
             };
-            let (n, clean, busy) = self.clean_pages(backing, &pages);
+            let (n, clean, busy) = self.clean_pages(io, &pages);
             self.demote(&clean);
             written += n;
             // In use (a reader, a flush): their turn comes at the cleaner's next round.

@@ -17,7 +17,7 @@ const BS: usize = 16;
 
 /// An in-memory backing that counts loads and stores.
 #[derive(Default)]
-struct MemBacking {
+struct MemRemote {
     blocks: Mutex<HashMap<PageKey, Vec<u8>>>,
     /// Ranges loaded (one per run of sectors) and blocks stored.
     loads: AtomicUsize,
@@ -41,7 +41,7 @@ struct MemBacking {
     recorded: Mutex<Vec<PageKey>>,
 }
 
-impl Backing for MemBacking {
+impl RemoteIo for MemRemote {
     fn load(&self, reads: &mut [(PageKey, usize, &mut [u8])]) -> Vec<Result<(), FsError>> {
         self.load_calls.fetch_add(1, Ordering::SeqCst);
         let blocks = lock(&self.blocks);
@@ -109,7 +109,7 @@ impl Backing for MemBacking {
     }
 }
 
-fn write_block(c: &PageCache, b: &dyn Backing, key: PageKey, byte: u8) {
+fn write_block(c: &PageCache, b: &dyn RemoteIo, key: PageKey, byte: u8) {
     c.access(
         b,
         key.0,
@@ -125,7 +125,7 @@ fn write_block(c: &PageCache, b: &dyn Backing, key: PageKey, byte: u8) {
 }
 
 /// The bytes of block `key`'s page as the callback of an access with `fill` sees them.
-fn view(c: &PageCache, b: &dyn Backing, key: PageKey, fill: Fill) -> Result<Vec<u8>, FsError> {
+fn view(c: &PageCache, b: &dyn RemoteIo, key: PageKey, fill: Fill) -> Result<Vec<u8>, FsError> {
     let mut out = Vec::new();
     c.access(
         b,
@@ -140,7 +140,7 @@ fn view(c: &PageCache, b: &dyn Backing, key: PageKey, fill: Fill) -> Result<Vec<
     .map(|()| out)
 }
 
-fn read_block(c: &PageCache, b: &dyn Backing, key: PageKey) -> Vec<u8> {
+fn read_block(c: &PageCache, b: &dyn RemoteIo, key: PageKey) -> Vec<u8> {
     view(c, b, key, Fill::Load).expect("read")
 }
 
@@ -153,7 +153,7 @@ fn sectored(blocks: usize) -> PageCache {
 }
 
 /// Writes `data` at byte `from` of block `key`, as the filesystem's write does.
-fn write_at(c: &PageCache, b: &dyn Backing, key: PageKey, from: usize, data: &[u8]) {
+fn write_at(c: &PageCache, b: &dyn RemoteIo, key: PageKey, from: usize, data: &[u8]) {
     let to = from + data.len();
     c.access(
         b,
@@ -182,7 +182,7 @@ fn block_of(bytes: &[u8]) -> Vec<u8> {
 
 /// Reads bytes `from..to` of block `key` as the filesystem's random read does
 /// ([`PageCache::read`], sector pages).
-fn read_fs(c: &PageCache, b: &dyn Backing, key: PageKey, from: usize, to: usize) -> Vec<u8> {
+fn read_fs(c: &PageCache, b: &dyn RemoteIo, key: PageKey, from: usize, to: usize) -> Vec<u8> {
     let mut out = Vec::new();
     c.read(
         b,

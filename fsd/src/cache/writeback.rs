@@ -1,10 +1,10 @@
 //! Write-back: storing dirty pages in batches (their dirty sectors only where the
-//! backing can take a block in part, whole blocks otherwise), for eviction, fsync
+//! remote I/O can take a block in part, whole blocks otherwise), for eviction, fsync
 //! and unmount; and the cleaner, which writes back the coldest dirty pages ahead of
 //! eviction so that requests needing a buffer find clean ones.
 
 use super::page::{Page, PageState};
-use super::{lock, Backing, PageCache, PageKey, Store};
+use super::{lock, PageCache, PageKey, RemoteIo, Store};
 use crate::error::FsError;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
@@ -14,11 +14,11 @@ impl PageCache {
     /// Writes the dirty ones among `pages` (all locked by the caller) back in one
     /// batch and marks them clean: those that succeeded, or all with
     /// `clean_on_error`. Returns the first error. A page whose block can be written in
-    /// part (see [`Backing::stores_in_part`]) writes its dirty sectors only; the others
+    /// part (see [`RemoteIo::stores_in_part`]) writes its dirty sectors only; the others
     /// are made whole first (one load batch) and written whole.
     pub(super) fn write_back(
         &self,
-        backing: &dyn Backing,
+        io: &dyn RemoteIo,
         pages: &mut [(PageKey, &mut PageState)],
         clean_on_error: bool,
     ) -> Result<(), FsError> {
@@ -31,7 +31,7 @@ impl PageCache {
         }
         let in_part: Vec<bool> = pages
             .iter()
-            .map(|(k, s)| s.is_dirty() && s.dirty != full && backing.stores_in_part(*k))
+            .map(|(k, s)| s.is_dirty() && s.dirty != full && io.stores_in_part(*k))
             .collect();
         let mut first_err = Ok(());
         // Whole blocks are stored for the others: complete the partly valid pages
@@ -50,12 +50,12 @@ impl PageCache {
                     sub.push((*k, &mut **s, full));
                 }
             }
-            let results = self.fill_sectors(backing, &mut sub);
+            let results = self.fill_sectors(io, &mut sub);
             drop(sub);
             for (&i, r) in partial.iter().zip(results) {
                 if let Err(e) = r {
                     // Its missing sectors are unknown: storing it would overwrite them.
-                    backing.record_write_error(pages[i].0, &e);
+                    io.record_write_error(pages[i].0, &e);
                     if clean_on_error {
                         pages[i].1.clean();
                     }
@@ -95,7 +95,7 @@ impl PageCache {
                 owner.push(i);
             }
         }
-        let results = backing.store(&batch);
+        let results = io.store(&batch);
         drop(batch);
         self.counters
             .writebacks
@@ -118,7 +118,7 @@ impl PageCache {
     }
 
     /// Writes back every dirty page of `ino`. Returns the first error.
-    pub fn flush_inode(&self, backing: &dyn Backing, ino: u64) -> Result<(), FsError> {
+    pub fn flush_inode(&self, io: &dyn RemoteIo, ino: u64) -> Result<(), FsError> {
         // The pages are looked up a group at a time, not all at once: a page this holds
         // cannot recycle its buffer when it is evicted (the buffer goes with the page),
         // so holding every page of a large file for a whole flush made evictions meanwhile
@@ -140,7 +140,7 @@ impl PageCache {
                 .filter(|(_, g)| g.live)
                 .map(|(k, g)| (*k, &mut **g))
                 .collect();
-            if let Err(e) = self.write_back(backing, &mut batch, false) {
+            if let Err(e) = self.write_back(io, &mut batch, false) {
                 if first_err.is_ok() {
                     first_err = Err(e);
                 }
@@ -150,11 +150,11 @@ impl PageCache {
     }
 
     /// Writes back every dirty page (the periodic flusher, unmount).
-    pub fn flush_all(&self, backing: &dyn Backing) -> Result<(), FsError> {
+    pub fn flush_all(&self, io: &dyn RemoteIo) -> Result<(), FsError> {
         let inodes: Vec<u64> = lock(&self.index).by_inode.keys().copied().collect();
         let mut first_err = Ok(());
         for ino in inodes {
-            if let Err(e) = self.flush_inode(backing, ino) {
+            if let Err(e) = self.flush_inode(io, ino) {
                 if first_err.is_ok() {
                     first_err = Err(e);
                 }
@@ -184,7 +184,7 @@ impl PageCache {
     /// evictions to come find clean pages: run by a thread of its own while the cache
     /// is evicting, this takes remote writes out of the requests that need a buffer.
     /// Pages in use are skipped. Returns how many pages were written back.
-    pub fn clean_cold(&self, backing: &dyn Backing, n: usize) -> usize {
+    pub fn clean_cold(&self, io: &dyn RemoteIo, n: usize) -> usize {
         let mut cold: Vec<Arc<Page>> = {
             let idx = lock(&self.index);
             idx.lru
@@ -196,7 +196,7 @@ impl PageCache {
         };
         // Ascending keys: the lock order for several pages.
         cold.sort_by_key(|p| p.key);
-        let written = self.clean_pages(backing, &cold).0;
+        let written = self.clean_pages(io, &cold).0;
         self.cold_dirty.store(written > 0, Ordering::Relaxed);
         written
     }
@@ -206,7 +206,7 @@ impl PageCache {
     /// that were clean after it, and those skipped.
     pub(super) fn clean_pages<'p>(
         &self,
-        backing: &dyn Backing,
+        io: &dyn RemoteIo,
         pages: &'p [Arc<Page>],
     ) -> (usize, Vec<&'p Arc<Page>>, Vec<&'p Arc<Page>>) {
         let mut busy = Vec::new();
@@ -225,8 +225,8 @@ impl PageCache {
         let mut batch: Vec<(PageKey, &mut PageState)> =
             guards.iter_mut().map(|(p, g)| (p.key, &mut **g)).collect();
         let written = batch.len();
-        if let Err(e) = self.write_back(backing, &mut batch, false) {
-            // Recorded by the backing; the page stays dirty for its eviction to retry.
+        if let Err(e) = self.write_back(io, &mut batch, false) {
+            // Recorded by remote I/O; the page stays dirty for its eviction to retry.
             log::debug!("cleaning pages: {e}");
         }
         drop(batch);

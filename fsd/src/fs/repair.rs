@@ -3,7 +3,7 @@
 //!
 //! Re-replication goes through the page cache: a degraded block is loaded (from a
 //! copy that still exists), its page marked dirty, and the inode flushed. Write-back
-//! then gives the block new copies on other memnodes (`backing.rs`). So it takes the
+//! then gives the block new copies on other memnodes (`remote_io.rs`). So it takes the
 //! same locks as a reader and a writer, and can never race a write of the same block
 //! into a stale copy. It is rate-limited by the caller (blocks per pass).
 

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 #[test]
 fn a_hit_does_not_load_again() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = PageCache::new((4 * BS) as u64, BS);
     read_block(&c, &b, (1, 0));
     read_block(&c, &b, (1, 0));
@@ -16,7 +16,7 @@ fn a_hit_does_not_load_again() {
 
 #[test]
 fn dirty_pages_are_written_back_on_eviction_and_read_back_after() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = PageCache::new((2 * BS) as u64, BS);
     for i in 0..10u64 {
         write_block(&c, &b, (1, i), i as u8 + 1);
@@ -37,7 +37,7 @@ fn dirty_pages_are_written_back_on_eviction_and_read_back_after() {
 
 #[test]
 fn flush_writes_each_dirty_page_once_and_leaves_it_clean() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = PageCache::new((8 * BS) as u64, BS);
     for i in 0..4u64 {
         write_block(&c, &b, (3, i), 9);
@@ -58,7 +58,7 @@ fn flush_writes_each_dirty_page_once_and_leaves_it_clean() {
 
 #[test]
 fn invalidated_pages_are_dropped_without_write_back() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = PageCache::new((8 * BS) as u64, BS);
     for i in 0..4u64 {
         write_block(&c, &b, (5, i), 7);
@@ -72,7 +72,7 @@ fn invalidated_pages_are_dropped_without_write_back() {
 
 #[test]
 fn zero_and_overwrite_fills_do_not_load() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = PageCache::new((4 * BS) as u64, BS);
     lock(&b.blocks).insert((1, 0), vec![5; BS]);
     assert_eq!(view(&c, &b, (1, 0), Fill::Zero).unwrap(), vec![0; BS]);
@@ -81,7 +81,7 @@ fn zero_and_overwrite_fills_do_not_load() {
 
 #[test]
 fn concurrent_writers_and_readers_never_lose_a_write() {
-    let b = Arc::new(MemBacking::default());
+    let b = Arc::new(MemRemote::default());
     let c = Arc::new(PageCache::new((4 * BS) as u64, BS));
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
@@ -132,7 +132,7 @@ proptest! {
     /// The cache behaves like a plain map from block to bytes, however small it is.
     #[test]
     fn cache_matches_a_simple_model(ops in proptest::collection::vec(op(), 1..200), cap in 2usize..6) {
-        let b = MemBacking::default();
+        let b = MemRemote::default();
         b.sum_unit.store(4, Ordering::SeqCst);
         let c = PageCache::new((cap * BS) as u64, BS).with_sum_unit(4);
         let mut model: HashMap<u64, u8> = HashMap::new();

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 #[test]
 fn the_cleaner_writes_back_the_coldest_dirty_pages_and_eviction_then_stores_nothing() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = PageCache::new((4 * BS) as u64, BS);
     assert!(
         !c.wait_for_work(Duration::from_millis(1)),
@@ -33,7 +33,7 @@ fn the_cleaner_writes_back_the_coldest_dirty_pages_and_eviction_then_stores_noth
 
 #[test]
 fn only_evictions_that_meet_dirty_pages_wake_the_cleaner() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = PageCache::new((2 * BS) as u64, BS);
     // A cache that only reads: its evictions give the cleaner nothing to do.
     for i in 0..4u64 {
@@ -64,7 +64,7 @@ fn only_evictions_that_meet_dirty_pages_wake_the_cleaner() {
 
 #[test]
 fn pages_dropped_behind_go_first_unless_dirty() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = PageCache::new(4 * BS as u64, BS);
     for i in 0..4 {
         write_block(&c, &b, (1, i), i as u8 + 1);
@@ -97,7 +97,7 @@ fn pages_dropped_behind_go_first_unless_dirty() {
 
 #[test]
 fn blocks_written_behind_are_stored_by_the_cleaner_and_then_go_first() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = PageCache::new((8 * BS) as u64, BS);
     for i in 0..8u64 {
         write_block(&c, &b, (1, i), i as u8 + 1);
@@ -130,7 +130,7 @@ fn blocks_written_behind_are_stored_by_the_cleaner_and_then_go_first() {
 
 #[test]
 fn a_queued_write_behind_of_a_dropped_page_writes_nothing() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = PageCache::new((4 * BS) as u64, BS);
     write_block(&c, &b, (1, 0), 1);
     c.write_behind(1, 0..1);
@@ -145,7 +145,7 @@ fn a_queued_write_behind_of_a_dropped_page_writes_nothing() {
 
 #[test]
 fn a_page_in_use_when_its_write_behind_comes_is_written_at_the_next_round() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = PageCache::new((8 * BS) as u64, BS);
     write_block(&c, &b, (1, 0), 1);
     c.write_behind(1, 0..1);
@@ -161,13 +161,13 @@ fn a_page_in_use_when_its_write_behind_comes_is_written_at_the_next_round() {
 /// A backing that, while it stores, looks whether another page is locked.
 #[derive(Default)]
 struct Probe {
-    inner: MemBacking,
+    inner: MemRemote,
     watched: Mutex<Option<Arc<Page>>>,
     /// Whether the watched page was free at each store.
     free_at_store: Mutex<Vec<bool>>,
 }
 
-impl Backing for Probe {
+impl RemoteIo for Probe {
     fn load(&self, reads: &mut [(PageKey, usize, &mut [u8])]) -> Vec<Result<(), FsError>> {
         self.inner.load(reads)
     }

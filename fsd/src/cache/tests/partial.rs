@@ -30,7 +30,7 @@ fn sector_masks() {
 
 #[test]
 fn an_aligned_write_to_an_uncached_block_loads_nothing_and_a_read_merges() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = sectored(4);
     lock(&b.blocks).insert((1, 0), vec![5; BS]);
     write_at(&c, &b, (1, 0), 4, &[9; 8]);
@@ -52,7 +52,7 @@ fn an_aligned_write_to_an_uncached_block_loads_nothing_and_a_read_merges() {
 
 #[test]
 fn write_back_completes_partial_pages_in_one_load_batch_then_one_store() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = sectored(8);
     for i in 0..4u64 {
         lock(&b.blocks).insert((1, i), vec![i as u8 + 1; BS]);
@@ -83,7 +83,7 @@ fn write_back_completes_partial_pages_in_one_load_batch_then_one_store() {
 #[test]
 fn a_partial_page_evicted_and_read_back_is_the_merged_block() {
     // Write a block whole, evict it, write one sector, evict, read back.
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = sectored(2);
     write_block(&c, &b, (1, 0), 3);
     for i in 0..4u64 {
@@ -107,7 +107,7 @@ fn a_partial_page_evicted_and_read_back_is_the_merged_block() {
 
 #[test]
 fn a_write_ending_inside_a_missing_sector_keeps_its_bytes_there_without_a_load() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = sectored(4);
     lock(&b.blocks).insert((1, 0), vec![1; BS]);
     // Sector 0 whole, then inside it: no load.
@@ -138,7 +138,7 @@ fn a_write_ending_inside_a_missing_sector_keeps_its_bytes_there_without_a_load()
 fn a_write_split_inside_a_sector_completes_it_without_a_load() {
     // The kernel splits a direct write from a buffer that is not page-aligned at a
     // byte inside a sector; the two halves may come in either order.
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = sectored(4);
     for (k, cut) in [(0u64, 6usize), (1, 9), (2, 15)] {
         lock(&b.blocks).insert((1, k), vec![1; BS]);
@@ -163,7 +163,7 @@ fn a_write_split_inside_a_sector_completes_it_without_a_load() {
 
 #[test]
 fn a_write_that_would_leave_a_gap_in_a_part_loads_around_the_part_first() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = sectored(4);
     lock(&b.blocks).insert((1, 0), vec![8; BS]);
     write_at(&c, &b, (1, 0), 5, &[9]);
@@ -180,7 +180,7 @@ fn a_write_that_would_leave_a_gap_in_a_part_loads_around_the_part_first() {
 
 #[test]
 fn parts_are_written_back_as_they_are_when_the_block_can_be_stored_in_part() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     b.parts.store(true, Ordering::SeqCst);
     let c = sectored(4);
     lock(&b.blocks).insert((1, 0), vec![5; BS]);
@@ -203,7 +203,7 @@ fn parts_are_written_back_as_they_are_when_the_block_can_be_stored_in_part() {
 
 #[test]
 fn only_what_a_write_touches_becomes_dirty_and_reads_dirty_nothing() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     b.parts.store(true, Ordering::SeqCst);
     let c = sectored(4);
     lock(&b.blocks).insert((1, 0), vec![5; BS]);
@@ -218,7 +218,7 @@ fn only_what_a_write_touches_becomes_dirty_and_reads_dirty_nothing() {
 
 #[test]
 fn a_zero_fill_keeps_the_valid_sectors() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = sectored(4);
     lock(&b.blocks).insert((1, 0), vec![1; BS]);
     write_at(&c, &b, (1, 0), 4, &[2; 4]);
@@ -231,7 +231,7 @@ fn a_zero_fill_keeps_the_valid_sectors() {
 
 #[test]
 fn a_zero_fill_keeps_the_parts_and_makes_them_dirty_sectors() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = sectored(4);
     write_at(&c, &b, (1, 0), 6, &[2; 4]);
     assert_eq!(
@@ -248,7 +248,7 @@ fn a_zero_fill_keeps_the_parts_and_makes_them_dirty_sectors() {
 
 #[test]
 fn an_invalidated_partial_page_is_neither_loaded_nor_stored() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = sectored(4);
     lock(&b.blocks).insert((1, 0), vec![1; BS]);
     write_at(&c, &b, (1, 0), 0, &[2; 4]);
@@ -263,7 +263,7 @@ fn an_invalidated_partial_page_is_neither_loaded_nor_stored() {
 
 #[test]
 fn a_partial_page_that_cannot_be_completed_is_not_stored_and_the_error_is_recorded() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = sectored(2);
     lock(&b.blocks).insert((1, 0), vec![1; BS]);
     lock(&b.failing).push((1, 0));
@@ -339,7 +339,7 @@ proptest! {
         parts in any::<bool>(),
         sum_unit in prop_oneof![Just(2usize), Just(SECTOR)],
     ) {
-        let b = MemBacking::default();
+        let b = MemRemote::default();
         b.parts.store(parts, Ordering::SeqCst);
         b.sum_unit.store(sum_unit, Ordering::SeqCst);
         let c = sectored(cap).with_sum_unit(sum_unit);
@@ -399,7 +399,7 @@ proptest! {
 #[test]
 fn concurrent_partial_writers_to_the_same_blocks_lose_nothing() {
     // Each thread owns one sector of every block; pages come and go under them.
-    let b = Arc::new(MemBacking::default());
+    let b = Arc::new(MemRemote::default());
     let c = Arc::new(sectored(3));
     let threads: Vec<_> = (0..4usize)
         .map(|t| {
@@ -428,14 +428,14 @@ fn concurrent_partial_writers_to_the_same_blocks_lose_nothing() {
 }
 
 /// Reads bytes `from..to` of block `key` as a random read does.
-fn read_at(c: &PageCache, b: &dyn Backing, key: PageKey, from: usize, to: usize) -> Vec<u8> {
+fn read_at(c: &PageCache, b: &dyn RemoteIo, key: PageKey, from: usize, to: usize) -> Vec<u8> {
     let page = view(c, b, key, Fill::Read { from, to }).expect("read");
     page[from..to].to_vec()
 }
 
 #[test]
 fn a_random_read_loads_only_the_sectors_it_reads() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = sectored(4);
     let block: Vec<u8> = (0..BS as u8).collect();
     lock(&b.blocks).insert((1, 0), block.clone());
@@ -470,7 +470,7 @@ fn a_random_read_loads_only_the_sectors_it_reads() {
 
 #[test]
 fn a_failed_random_read_leaves_its_sectors_invalid() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = sectored(4);
     lock(&b.blocks).insert((1, 0), vec![3; BS]);
     lock(&b.failing).push((1, 0));
@@ -483,7 +483,7 @@ fn a_failed_random_read_leaves_its_sectors_invalid() {
 
 #[test]
 fn a_block_the_backing_holds_is_written_back_as_its_dirty_sectors_only() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     b.parts.store(true, Ordering::SeqCst);
     let c = sectored(4);
     lock(&b.blocks).insert((1, 0), vec![1; BS]);
@@ -530,7 +530,7 @@ fn a_write_whose_callback_fails_leaves_the_sectors_it_would_fill_unread() {
     // when the write then fails (fsd: its block could not grow, memory being full),
     // the sector holds whatever the buffer held, so it must not count as content: a
     // read after it loads the sector, and nothing of it is written back.
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let key = (1, 0);
     lock(&b.blocks).insert(key, vec![0xab; BS]);
     let c = sectored(4);

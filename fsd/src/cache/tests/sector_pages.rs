@@ -6,7 +6,7 @@ use super::*;
 
 #[test]
 fn random_reads_of_one_sector_hold_sectors_not_blocks() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     // Room for 2 blocks: 8 sectors.
     let c = sectored(2);
     for k in 0..8u64 {
@@ -33,7 +33,7 @@ fn random_reads_of_one_sector_hold_sectors_not_blocks() {
 /// What `read_together` gives each block: (block, base, bytes).
 fn read_all_together(
     c: &PageCache,
-    b: &MemBacking,
+    b: &MemRemote,
     ino: u64,
     blocks: &[(u64, Range<usize>)],
 ) -> Result<Vec<(u64, usize, Vec<u8>)>, FsError> {
@@ -51,7 +51,7 @@ fn read_all_together(
 /// reading them again loads nothing and counts hits.
 #[test]
 fn reads_together_load_what_they_lack_in_one_batch() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     // Groups of 4 pages: a batch holds the 3 blocks.
     let c = sectored(16);
     for (key, byte) in [((1, 0), 1u8), ((1, 3), 2), ((1, 5), 3)] {
@@ -97,7 +97,7 @@ fn reads_together_load_what_they_lack_in_one_batch() {
 /// again by the next read, which gets it once it can.
 #[test]
 fn a_failed_load_fails_reads_together_and_leaves_the_rest_loaded() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = sectored(8);
     lock(&b.blocks).insert((1, 0), vec![7; BS]);
     lock(&b.blocks).insert((1, 1), vec![8; BS]);
@@ -133,7 +133,7 @@ fn a_failed_load_fails_reads_together_and_leaves_the_rest_loaded() {
 fn sectors_after_blocks_take_the_memory_the_blocks_let_go() {
     const BLOCK: usize = 64 << 10;
     const SECTOR: usize = 4 << 10;
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = PageCache::new(4 << 20, BLOCK);
     let resident = || c.slab.resident_bytes() + c.sector_slab.resident_bytes();
     // A stream over twice the cache.
@@ -168,7 +168,7 @@ fn sectors_after_blocks_take_the_memory_the_blocks_let_go() {
 
 #[test]
 fn a_sector_page_takes_in_one_sector_reads_and_gets_the_whole_block_for_more() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     let c = sectored(4);
     let block: Vec<u8> = (0..BS as u8).collect();
     lock(&b.blocks).insert((1, 0), block.clone());
@@ -198,7 +198,7 @@ fn a_sector_page_takes_in_one_sector_reads_and_gets_the_whole_block_for_more() {
 
 #[test]
 fn a_write_to_a_sector_page_keeps_what_it_read_and_stores_the_merged_block() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     b.parts.store(true, Ordering::SeqCst);
     let c = sectored(4);
     lock(&b.blocks).insert((1, 0), vec![1; BS]);
@@ -225,7 +225,7 @@ fn concurrent_sector_readers_and_writers_lose_nothing() {
     // Each thread owns one sector of every block: it writes it, then reads it back
     // as a random read of one sector, while the others' reads make, grow and promote
     // sector pages of the same blocks in a cache too small for them.
-    let b = Arc::new(MemBacking::default());
+    let b = Arc::new(MemRemote::default());
     let c = Arc::new(sectored(2));
     let threads: Vec<_> = (0..4usize)
         .map(|t| {

@@ -5,7 +5,7 @@ use super::*;
 
 #[test]
 fn a_write_hands_the_sums_of_the_pages_it_filled_to_the_write_back() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     b.sum_unit.store(4, Ordering::SeqCst);
     let c = sectored(4).with_sum_unit(4);
     // Whole block, then a write of bytes 5..13: pages 2 (8..12) whole, 1 and 3 in part.
@@ -25,7 +25,7 @@ fn a_write_hands_the_sums_of_the_pages_it_filled_to_the_write_back() {
 
 #[test]
 fn a_change_the_cache_cannot_see_forgets_the_sums() {
-    let b = MemBacking::default();
+    let b = MemRemote::default();
     b.sum_unit.store(4, Ordering::SeqCst);
     let c = sectored(4).with_sum_unit(4);
     write_at(&c, &b, (1, 0), 0, &[1; BS]);

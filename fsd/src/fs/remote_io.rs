@@ -1,5 +1,6 @@
-//! The page cache's backing: loading blocks from remote memory and writing them back
-//! to every copy.
+//! Remote I/O: where the page cache's loads and write-backs ([`crate::cache::RemoteIo`],
+//! which `RmemFs` implements here) become reads of blocks from remote memory and writes
+//! of them to every copy.
 //!
 //! Write-back is also where a block regains copies lost with a memnode: a block that
 //! is short of copies is written back whole (the cache completes a partly valid page
@@ -22,7 +23,7 @@
 //! stale (`volume/mod.rs`, "Page sums in the log").
 
 use super::RmemFs;
-use crate::cache::{Backing, PageKey, Store};
+use crate::cache::{PageKey, RemoteIo, Store};
 use crate::error::FsError;
 use crate::inode::{Inode, Meta};
 use crate::remote::sums;
@@ -223,7 +224,7 @@ impl RmemFs {
     }
 }
 
-impl Backing for RmemFs {
+impl RemoteIo for RmemFs {
     fn load(&self, reads: &mut [(PageKey, usize, &mut [u8])]) -> Vec<Result<(), FsError>> {
         // Holes, and blocks whose content never reached remote memory, read as zeros.
         let locs: Vec<Option<(BlockLoc, Vec<Option<u32>>)>> = reads
