@@ -71,7 +71,7 @@ impl Acl {
         if version != VERSION {
             return Err(InvalidAcl("not version 2"));
         }
-        if body.is_empty() || body.len() % 8 != 0 {
+        if body.is_empty() || !body.len().is_multiple_of(8) {
             return Err(InvalidAcl("not a whole number of entries"));
         }
         let entries: Vec<Entry> = body
