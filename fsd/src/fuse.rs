@@ -1,78 +1,20 @@
-//! FUSE: the only modules that know fuser or the kernel's FUSE protocol.
+//! FUSE: fsd's side of it. The transports, [`FuseOps`] and the settings both
+//! transports share live in the `rmemfs-fuse` crate (shared with the benchmark's
+//! nullfs, which needs nothing else of fsd) and are re-exported here under their
+//! old paths (`fuse::ops`, `fuse::ring`, `fuse::timing`, [`CacheMode`], ...).
 //!
-//! - `ops.rs`: [`FuseOps`], what a filesystem answers, whatever carries the request;
 //! - `adapter.rs`: fsd's answers, calls into the core ([`crate::fs::RmemFs`]);
-//! - `classic.rs`: the classic transport, fuser's /dev/fuse loop;
-//! - `ring/`: FUSE over io_uring (Linux 6.14), beside the classic loop;
-//! - `timing.rs`: latency histograms of the adapter's handlers, by kind of request;
-//! - here: the settings both transports share and the one errno table.
+//! - here: what fsd asks of the kernel beyond the shared settings (POSIX ACLs) and
+//!   the one errno table.
 
 mod adapter;
-mod classic;
-pub mod ops;
-pub mod ring;
-pub mod timing;
 
 pub use adapter::{FuseAdapter, MountChoices};
-pub use classic::Classic;
-pub use ops::FuseOps;
+pub use rmemfs_fuse::{configure_kernel, ops, ring, timing};
+pub use rmemfs_fuse::{CacheMode, Classic, FuseOps, MAX_WRITE, TTL};
 
 use crate::error::FsError;
-use fuser::{Errno, FopenFlags, InitFlags, KernelConfig};
-use std::time::Duration;
-
-/// How long the kernel may cache attributes and entries. Every change goes through
-/// this mount, so the kernel's view cannot go stale behind its back.
-pub const TTL: Duration = Duration::from_secs(1);
-/// Largest write the kernel sends in one request.
-pub const MAX_WRITE: u32 = 1 << 20;
-
-/// What fsd asks of the kernel at init: requests of up to 1 MiB (the kernel may
-/// grant less readahead), clearing setuid/setgid itself (`FUSE_HANDLE_KILLPRIV_V2`,
-/// which spares a `security.capability` lookup per write; see `privs.rs`), with
-/// [`CacheMode::Direct`] shared mappings of handles that bypass the page cache, and
-/// with [`CacheMode::WriteBack`] the kernel's write-back cache.
-pub fn configure_kernel(config: &mut KernelConfig, cache: CacheMode) {
-    let _ = config.set_max_write(MAX_WRITE);
-    let _ = config.set_max_readahead(MAX_WRITE);
-    // File handles (name_to_handle_at, NFS re-export) of inodes the kernel no longer
-    // has cached: it looks them up as "." and ".." (see `Namespace::lookup`).
-    if config
-        .add_capabilities(InitFlags::FUSE_EXPORT_SUPPORT)
-        .is_err()
-    {
-        log::info!("this kernel lacks FUSE_EXPORT_SUPPORT: file handles go stale");
-    }
-    if config
-        .add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2)
-        .is_err()
-    {
-        log::info!(
-            "this kernel lacks FUSE_HANDLE_KILLPRIV_V2 (Linux 5.11): it clears \
-             setuid/setgid itself and asks for security.capability before each write"
-        );
-    }
-    if cache == CacheMode::Direct
-        && config
-            .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
-            .is_err()
-    {
-        log::warn!(
-            "this kernel cannot map files of a direct-I/O mount shared \
-             (FUSE_DIRECT_IO_ALLOW_MMAP, Linux 6.6): mmap(MAP_SHARED) fails with ENODEV"
-        );
-    }
-    if cache == CacheMode::WriteBack
-        && config
-            .add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE)
-            .is_err()
-    {
-        log::warn!(
-            "this kernel has no FUSE write-back cache (FUSE_WRITEBACK_CACHE, Linux \
-             3.15): every write(2) goes to fsd as without --writeback-cache"
-        );
-    }
-}
+use fuser::{Errno, InitFlags, KernelConfig};
 
 /// Asks the kernel to enforce POSIX ACLs, which fsd keeps as xattrs (`acl.rs`), and
 /// to leave the umask to fsd, since a directory's default ACL replaces it
@@ -108,56 +50,5 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::NoSuchOffset => Errno::ENXIO,
         FsError::NoSpace => Errno::ENOSPC,
         FsError::Io(_) => Errno::EIO,
-    }
-}
-
-/// How file handles are served.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CacheMode {
-    /// Through the kernel's page cache (fsd --page-cache), O_DIRECT handles included:
-    /// the kernel itself
-    /// sends an O_DIRECT handle's reads and writes straight to fsd (its generic
-    /// direct-I/O path), and with it gives what a local filesystem gives: dirty pages
-    /// of the range written back before a direct read, cached pages dropped after a
-    /// direct write, and shared mappings allowed. Reads the page cache holds never
-    /// reach fsd.
-    PageCache,
-    /// Every handle bypasses the page cache (FOPEN_DIRECT_IO, fsd's default): each
-    /// read and write is a request to fsd, of the size the program asked for. The
-    /// data is cached once, in fsd's cache, rather than also in the kernel's, and
-    /// streams cost less (no page cache to fill and drop); reads the page cache would
-    /// have answered cost a round trip to fsd. Shared mappings need
-    /// FUSE_DIRECT_IO_ALLOW_MMAP (Linux 6.6); without it the kernel refuses them with
-    /// ENODEV.
-    Direct,
-    /// Through the page cache, written back by the kernel (FUSE_WRITEBACK_CACHE, fsd
-    /// --writeback-cache): a `write(2)` returns once the kernel's page holds the data,
-    /// and the kernel sends fsd the dirty pages later, in runs, as it writes back any
-    /// file (after some seconds, under memory pressure, at fsync and at close). Small
-    /// writes then cost no round trip to fsd, but fsd learns of a write only at
-    /// write-back: a write-back that fails (a full remote memory: ENOSPC) is reported
-    /// by the next fsync or close, not by the write; `st_blocks` and statfs count
-    /// what fsd holds; and SEEK_DATA/SEEK_HOLE report the whole file as data (fsd
-    /// answers FUSE_LSEEK with ENOSYS, as it cannot see the kernel's dirty pages).
-    WriteBack,
-}
-
-impl CacheMode {
-    /// The mode fsd's (and nullfs's) command-line flags choose: direct I/O unless
-    /// `--page-cache` or `--writeback-cache` (the parsers reject two at once).
-    pub fn from_flags(page_cache: bool, writeback_cache: bool) -> CacheMode {
-        match (page_cache, writeback_cache) {
-            (true, _) => CacheMode::PageCache,
-            (false, true) => CacheMode::WriteBack,
-            (false, false) => CacheMode::Direct,
-        }
-    }
-
-    /// The flags of an open file's reply.
-    pub fn fopen_flags(self) -> FopenFlags {
-        match self {
-            CacheMode::PageCache | CacheMode::WriteBack => FopenFlags::empty(),
-            CacheMode::Direct => FopenFlags::FOPEN_DIRECT_IO,
-        }
     }
 }

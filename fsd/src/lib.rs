@@ -16,7 +16,9 @@
 //! - [`status`]: the status file a running fsd keeps for `rmemfs status`.
 //! - [`daemon`]: startup, periodic flushing, write-back and shutdown.
 //! - [`volume`]: durable volumes: the metadata kept in remote memory.
-#![deny(clippy::undocumented_unsafe_blocks)]
+//!
+//! The FUSE transports, mounting and CPU pinning are the `rmemfs-fuse` crate's,
+//! shared with nullfs; [`fuse`], [`mount`] and [`affinity`] re-export them here.
 
 pub mod acl;
 pub mod affinity;

@@ -22,8 +22,6 @@
 //! fsd embeds a memnode in-process through this API; the `memnode` binary is the same
 //! thing behind a command line.
 
-#![deny(clippy::undocumented_unsafe_blocks)]
-
 mod allocator;
 mod control;
 mod counters;

@@ -26,9 +26,9 @@ fn is_whiteout(path: &Path) -> bool {
 #[test]
 fn overlayfs_mounts_with_its_upper_layer_on_rmemfs_and_deletes_leave_whiteouts() {
     // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
     assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
+        euid, 0,
         "mounting overlayfs needs root (scripts/test runs the tests as root)"
     );
     let memnode = MemnodeProc::start("64M");

@@ -1,11 +1,11 @@
 //! The FUSE glue: each answer asks the [`Namespace`]. The settings that shape the
-//! FUSE traffic (init, TTL, open flags) and both transports are fsd's own
-//! (`fsd::fuse`), so both see the same requests from the kernel.
+//! FUSE traffic (init, TTL, open flags) and both transports are fsd's own (the
+//! `rmemfs-fuse` crate), so both see the same requests from the kernel.
 
 use crate::namespace::{Attr, Error, Kind, Namespace, SetAttr, MAX_NAME, ROOT_INO};
-use fsd::fuse::ops::{DirSink, Opened, Req, SetAttrIn, Statfs, Xattr};
-use fsd::fuse::{CacheMode, FuseOps};
 use fuser::{Errno, FileAttr, FileType, FopenFlags, INodeNo, KernelConfig, TimeOrNow};
+use rmemfs_fuse::ops::{DirSink, Opened, Req, SetAttrIn, Statfs, Xattr};
+use rmemfs_fuse::{CacheMode, FuseOps};
 use std::ffi::OsStr;
 use std::sync::{Mutex, MutexGuard};
 use std::time::SystemTime;
@@ -102,7 +102,7 @@ impl NullFs {
 
 impl FuseOps for NullFs {
     fn configure(&self, config: &mut KernelConfig) {
-        fsd::fuse::configure_kernel(config, self.cache);
+        rmemfs_fuse::configure_kernel(config, self.cache);
     }
 
     fn lookup(&self, _req: &Req, parent: u64, name: &OsStr) -> Result<FileAttr, Errno> {

@@ -5,12 +5,13 @@
 //! the transport's buffer as it is, unwritten (zeros on /dev/fuse), and the namespace
 //! is a flat directory in memory.
 //!
-//! A fair ceiling for fsd because everything FUSE-side is the same, taken from fsd
-//! itself: the same fuser, init settings (`fsd::fuse::configure_kernel`), entry and
-//! attribute TTL, open flags (through the page cache, or not with `--direct-io` as
-//! with fsd's; written back by the kernel with `--writeback-cache`), mount options and
-//! number of request loops (`fsd::mount`), the same transports (`fsd::fuse`: fuser's
-//! /dev/fuse loop, or FUSE over io_uring), and the same kind of answer to getxattr.
+//! A fair ceiling for fsd because everything FUSE-side is the same, taken from the
+//! crate fsd serves through (`rmemfs-fuse`): the same fuser, init settings
+//! (`rmemfs_fuse::configure_kernel`), entry and attribute TTL, open flags (through the
+//! page cache, or not with `--direct-io` as with fsd's; written back by the kernel
+//! with `--writeback-cache`), mount options and number of request loops
+//! (`rmemfs_fuse::mount`), the same transports (fuser's /dev/fuse loop, or FUSE over
+//! io_uring), and the same kind of answer to getxattr.
 //! The only work left is FUSE's own: the kernel's copies and the round trips to this
 //! process. It takes over clearing setuid/setgid from the kernel as fsd does
 //! (`FUSE_HANDLE_KILLPRIV_V2`) but, keeping nothing that matters, does not clear them.
@@ -20,8 +21,8 @@ mod namespace;
 
 use anyhow::bail;
 use clap::Parser;
-use fsd::fuse::ring::FuseTransport;
-use fsd::fuse::CacheMode;
+use rmemfs_fuse::ring::FuseTransport;
+use rmemfs_fuse::CacheMode;
 use std::path::PathBuf;
 
 /// A FUSE filesystem that keeps no data: the FUSE ceiling, for benchmarks.
@@ -37,7 +38,7 @@ struct Options {
     threads: usize,
     /// Serving threads per CPU queue of the io_uring transport (as fsd's
     /// --ring-threads).
-    #[arg(long, default_value_t = fsd::fuse::ring::DEFAULT_THREADS_PER_QUEUE,
+    #[arg(long, default_value_t = rmemfs_fuse::ring::DEFAULT_THREADS_PER_QUEUE,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     ring_threads: usize,
     /// Bypass the kernel's page cache (the default, as fsd's --direct-io).
@@ -63,15 +64,16 @@ fn run(opts: Options) -> anyhow::Result<()> {
     }
     // SAFETY: geteuid/getegid have no preconditions and cannot fail.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    let spec = fsd::mount::MountSpec::new("nullfs", opts.threads);
+    let spec = rmemfs_fuse::mount::MountSpec::new("nullfs", opts.threads);
     let cache = CacheMode::from_flags(opts.page_cache, opts.writeback_cache);
     let fs = std::sync::Arc::new(fuse::NullFs::new(uid, gid, cache));
-    let serving = fsd::mount::Serving {
+    let serving = rmemfs_fuse::mount::Serving {
         transport: opts.fuse_transport,
         threads: opts.threads,
         ring_threads: opts.ring_threads,
     };
-    fsd::mount::Mounted::new(fs, &opts.mountpoint, &spec, serving, "nullfs", || {})?.run()?;
+    rmemfs_fuse::mount::Mounted::new(fs, &opts.mountpoint, &spec, serving, "nullfs", || {})?
+        .run()?;
     log::info!("unmounted {}", opts.mountpoint.display());
     Ok(())
 }

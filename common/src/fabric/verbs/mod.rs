@@ -10,8 +10,6 @@
 //! Connection requests carry [`PRIVATE_MAGIC`] and the client id in their private
 //! data, so the memnode can place the queue pair in the client's protection domain.
 
-#![deny(clippy::undocumented_unsafe_blocks)]
-
 pub mod client;
 mod local;
 mod messages;

@@ -1,5 +1,5 @@
 //! How long fsd takes to answer FUSE requests, by kind: one [`LatencyHistogram`] per
-//! [`FuseKind`], fed by a guard at the top of each of [`super::FuseAdapter`]'s
+//! [`FuseKind`], fed by a guard at the top of each of fsd's `FuseAdapter`'s
 //! handlers, so both transports (classic and io_uring) are timed alike. What is timed
 //! is the handler (the core's work and its waits on remote memory), not the
 //! transport's decoding and reply, which cost the same for every request.

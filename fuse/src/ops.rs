@@ -1,7 +1,7 @@
 //! What a filesystem answers to FUSE requests, whatever carries them. Both transports
 //! (`classic.rs`: fuser's /dev/fuse loop; `ring/`: FUSE over io_uring) decode a
 //! request, call one of these methods and encode its answer; a filesystem (fsd's
-//! [`super::FuseAdapter`], the benchmark's nullfs) implements them once.
+//! `FuseAdapter`, the benchmark's nullfs) implements them once.
 //!
 //! Values are fuser's own types where it has them ([`FileAttr`], [`Errno`],
 //! [`FileType`]), so the classic transport passes them through unchanged and the

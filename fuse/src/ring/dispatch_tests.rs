@@ -1,5 +1,5 @@
 use super::*;
-use crate::fuse::ops::Statfs;
+use crate::ops::Statfs;
 use fuser::{FopenFlags, INodeNo, KernelConfig};
 use std::sync::Mutex;
 

@@ -11,7 +11,7 @@
 
 use thiserror::Error;
 
-/// How access times are kept (fsd applies them itself, see `crate::atime`).
+/// How access times are kept (fsd applies them itself, see `fsd::atime`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Atime {
     /// `relatime`: the first access after a change, or once a day (the default).

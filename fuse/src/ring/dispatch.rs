@@ -8,8 +8,8 @@
 //! and every reply argument, fixed structs included, in the payload.
 
 use super::abi::{self, fattr, op, Fields, InHeader, Put};
-use crate::fuse::ops::{CopyRange, DirSink, FuseOps, Opened, ReadAt, Req, SetAttrIn, Xattr};
-use crate::fuse::TTL;
+use crate::ops::{CopyRange, DirSink, FuseOps, Opened, ReadAt, Req, SetAttrIn, Xattr};
+use crate::TTL;
 use fuser::{Errno, FileAttr, FileType, TimeOrNow};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
