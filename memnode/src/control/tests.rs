@@ -1,10 +1,13 @@
 //! Unit tests of the control service, fed frames directly (no sockets).
 
+use super::session::constant_time_eq;
 use super::*;
 use crate::region::{system_page_size, Region};
 use rmemfs_common::fabric::tcp::TcpRegistry;
-use rmemfs_common::fabric::AccessError;
-use rmemfs_common::protocol::{Allocation, VolumeInfo, HEADER_LEN};
+use rmemfs_common::fabric::{AccessError, ConnectionState, ControlHandler};
+use rmemfs_common::protocol::{
+    Allocation, ErrorCode, Request, Response, VolumeInfo, HEADER_LEN, MAX_CHUNKS_PER_REPLY,
+};
 use std::sync::atomic::Ordering;
 
 const TOKEN: &[u8] = b"s3cret";
@@ -362,7 +365,6 @@ fn constant_time_eq_matches_plain_equality() {
     }
 }
 
-#[path = "control_volume_tests.rs"]
 mod volumes;
 
 fn alloc_on(s: &ControlService, c: &mut ConnectionState, bytes: u64) -> Allocation {

@@ -24,9 +24,10 @@
 //! sees one moment of the books. Nothing takes the store while holding another
 //! lock; [`ControlService::books_full`] is an atomic for that reason.
 
-use super::{ControlService, Holder, Session};
+use super::{ControlService, Session};
 use crate::allocator::Owner;
 use crate::saved::SavedState;
+use crate::volumes::Holder;
 use rmemfs_common::protocol::Request;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;

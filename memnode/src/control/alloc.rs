@@ -1,0 +1,98 @@
+//! Alloc and Free. A client bound to a volume allocates and frees that volume's
+//! chunks (booked to it, under `volumes` so the table and the pool change
+//! together); any other client allocates scratch memory of its session, checked
+//! again afterwards against a volume opened meanwhile by another of its
+//! connections.
+
+use super::reply::{alloc_error, pool_error_code, volume_error};
+use super::ControlService;
+use crate::allocator::Owner;
+use crate::volumes::VolumeError;
+use rmemfs_common::protocol::{ErrorCode, Response};
+
+impl ControlService {
+    pub(super) fn alloc(&self, client: u64, bytes: u64) -> Response {
+        {
+            let mut vols = self.volumes();
+            match vols.bound(client) {
+                Ok(v) => {
+                    let id = v.id();
+                    return match self.pool.alloc_for(Owner::Volume(id), client, bytes) {
+                        Ok(c) => {
+                            vols.add_chunk(client, c.to_wire());
+                            log::debug!(
+                                "client {client:#x}: volume {id} alloc {bytes} -> {:#x}+{:#x} rkey {:#x}",
+                                c.addr,
+                                c.len,
+                                c.rkey
+                            );
+                            Response::Allocated(c.to_wire())
+                        }
+                        Err(e) => alloc_error(client, bytes, e),
+                    };
+                }
+                Err(VolumeError::NotHeld) => {}
+                Err(e) => return volume_error(&e),
+            }
+        }
+        let c = match self.pool.alloc(client, bytes) {
+            Ok(c) => c,
+            Err(e) => return alloc_error(client, bytes, e),
+        };
+        // Another connection of this client may have opened a volume meanwhile; the
+        // chunk is filed already, so that open either saw it (and was refused) or
+        // bound the client before this check.
+        let vols = self.volumes();
+        if vols.held_by(client).is_some() || vols.is_fenced(client) {
+            if let Err(e) = self.pool.free(client, c.addr, c.rkey) {
+                log::error!("client {client:#x}: cannot take back chunk {c:?}: {e}");
+            }
+            return Response::error(
+                ErrorCode::BadRequest,
+                "a volume was opened by this client while the allocation ran; allocate again",
+            );
+        }
+        log::debug!(
+            "client {client:#x}: alloc {bytes} -> {:#x}+{:#x} rkey {:#x}",
+            c.addr,
+            c.len,
+            c.rkey
+        );
+        Response::Allocated(c.to_wire())
+    }
+
+    pub(super) fn free(&self, client: u64, addr: u64, rkey: u32) -> Response {
+        {
+            let mut vols = self.volumes();
+            match vols.bound(client) {
+                Ok(_) => {
+                    let id = match vols.check_free(client, addr) {
+                        Ok(id) => id,
+                        Err(e) => return volume_error(&e),
+                    };
+                    return match self.pool.free_as(Owner::Volume(id), client, addr, rkey) {
+                        Ok(c) => {
+                            vols.remove_chunk(client, addr);
+                            log::debug!(
+                                "client {client:#x}: volume {id} freed {:#x}+{:#x}",
+                                c.addr,
+                                c.len
+                            );
+                            Response::Freed
+                        }
+                        Err(e) => Response::error(pool_error_code(&e), e.to_string()),
+                    };
+                }
+                Err(VolumeError::NotHeld) => {}
+                Err(e) => return volume_error(&e),
+            }
+        }
+        match self.pool.free(client, addr, rkey) {
+            Ok(c) => {
+                log::debug!("client {client:#x}: freed {:#x}+{:#x}", c.addr, c.len);
+                Response::Freed
+            }
+            Err(e) => Response::error(pool_error_code(&e), e.to_string()),
+        }
+    }
+}
