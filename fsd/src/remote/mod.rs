@@ -27,16 +27,20 @@
 //!   about a merely unreachable node reaches a volume's log.
 
 mod copy;
+mod link;
 mod node;
 mod placement;
 mod pool;
 mod refill;
+mod remap;
 pub mod sums;
 mod watch;
 
 pub use copy::BlockCopy;
-use node::{LinkConfig, Node};
-pub use node::{NodeState, VolumeSpec};
+use link::LinkConfig;
+pub use link::VolumeSpec;
+use node::Node;
+pub use node::NodeState;
 pub use placement::{BlockLoc, Replica, MAX_REPLICAS};
 pub use pool::{pages_for, PAGE};
 use rmemfs_common::control::{self, ControlError};
