@@ -3,9 +3,9 @@
 //! rkey to send an operation under. Apart from `node.rs`, which decides when a link
 //! is opened and dropped (the node's states); a link itself knows nothing of them.
 
+use super::error::RemoteError;
 use super::remap::RkeyRemap;
 use super::Connector;
-use super::RemoteError;
 use crate::affinity;
 use rmemfs_common::control::{self, VolumeInfo};
 use rmemfs_common::cpus::process_cpus;

@@ -32,11 +32,11 @@
 //! A memnode restarted on its memory file keeps its chunks under new rkeys: the
 //! link's [`RkeyRemap`] (`remap.rs`) sends each operation under the current one.
 
+use super::error::RemoteError;
 use super::link::{Link, LinkConfig, Session};
 use super::placement::Replica;
 use super::pool::BlockPool;
 use super::remap::RkeyRemap;
-use super::RemoteError;
 use super::{lock, Connector};
 use rmemfs_common::control::{self, ControlError};
 use rmemfs_common::fabric::FabricError;

@@ -8,9 +8,9 @@
 //! path, which retries with smaller chunks and marks the node full. The signal is
 //! part of the node (`node.rs`): this thread depends on the node, not the other way.
 
+use super::counters::RemoteCounters;
 use super::lock;
 use super::node::Node;
-use super::RemoteCounters;
 use rmemfs_common::control;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
