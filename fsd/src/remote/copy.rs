@@ -11,8 +11,11 @@
 //! kernel. New copies are placed on the old block's memnodes where those have room,
 //! so the first way is the usual one.
 
-use super::placement::{BlockLoc, Replica};
-use super::{CopyOp, RemoteError, RemoteStore, MAX_REPLICAS};
+use super::batch::{CopyOp, Patience};
+use super::error::RemoteError;
+use super::io::BlockRead;
+use super::placement::{BlockLoc, Replica, MAX_REPLICAS};
+use super::RemoteStore;
 use rmemfs_common::control;
 use rmemfs_common::fabric::RdmaOp;
 use rmemfs_common::protocol::{CopySpan, FEATURE_COPY, MAX_COPY_BYTES, MAX_COPY_SPANS};
@@ -94,7 +97,7 @@ impl RemoteStore {
             .iter()
             .map(|&b| vec![0u8; blocks[b].from.bytes() as usize])
             .collect();
-        let mut reads: Vec<super::BlockRead<'_>> = needed
+        let mut reads: Vec<BlockRead<'_>> = needed
             .iter()
             .zip(bufs.iter_mut())
             .map(|(&b, buf)| (blocks[b].from, 0, &mut buf[..], blocks[b].sums))
@@ -119,7 +122,7 @@ impl RemoteStore {
                 which.push(b);
             }
         }
-        for (b, r) in which.into_iter().zip(self.post(ops, super::Patience::Wait)) {
+        for (b, r) in which.into_iter().zip(self.post(ops, Patience::Wait)) {
             if let (Err(e), true) = (r, results[b].is_ok()) {
                 results[b] = Err(e);
             }

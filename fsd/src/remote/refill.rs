@@ -2,51 +2,19 @@
 //! current one still has blocks left, so writes find blocks in the local pool and the
 //! write path makes no control round trip in the steady state.
 //!
-//! The write path signals [`Refill::wanted`] when a take leaves the node's pool below
-//! its low-water mark; the thread then allocates one chunk of the preferred size. A
-//! refusal for lack of space is left to the write path, which retries with smaller
-//! chunks and marks the node full.
+//! The write path signals [`Refill::want`](super::node::Refill::want) when a take
+//! leaves the node's pool below its low-water mark; the thread then allocates one
+//! chunk of the preferred size. A refusal for lack of space is left to the write
+//! path, which retries with smaller chunks and marks the node full. The signal is
+//! part of the node (`node.rs`): this thread depends on the node, not the other way.
 
+use super::counters::RemoteCounters;
+use super::lock;
 use super::node::Node;
-use super::{lock, RemoteCounters};
 use rmemfs_common::control;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
-
-/// The signal between the write path and a node's refill thread.
-#[derive(Default)]
-pub(super) struct Refill {
-    wanted: Mutex<bool>,
-    cv: Condvar,
-    pub(super) stop: AtomicBool,
-}
-
-impl Refill {
-    /// Asks for a chunk ahead of need (cheap; repeated asks coalesce).
-    pub(super) fn want(&self) {
-        *lock(&self.wanted) = true;
-        self.cv.notify_one();
-    }
-
-    pub(super) fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-        self.cv.notify_one();
-    }
-
-    /// Waits up to `d` for a request; true if there was one (and takes it).
-    fn take_request(&self, d: Duration) -> bool {
-        let mut wanted = lock(&self.wanted);
-        if !*wanted {
-            wanted = self
-                .cv
-                .wait_timeout(wanted, d)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        std::mem::take(&mut *wanted)
-    }
-}
 
 /// Starts the refill thread of `node`. It holds the node only while working, and ends
 /// when the node is stopped or dropped.

@@ -5,8 +5,11 @@
 //! connections.
 
 use super::*;
+use crate::remote::{Connector, RemoteConfig, RemoteError};
 use rmemfs_common::fabric::fault::{Faults, FaultyEndpoint};
 use rmemfs_common::fabric::tcp::TcpEndpoint;
+use rmemfs_common::fabric::Endpoint;
+use std::sync::Arc;
 
 const BS: u64 = 4096;
 const LIMIT: Duration = Duration::from_secs(20);

@@ -5,7 +5,8 @@
 //! so a blip costs a fraction of a second and a long outage costs no busy loop. Past
 //! the dead time an unreachable node is declared lost (`node.rs`).
 
-use super::node::{LinkConfig, Node};
+use super::link::LinkConfig;
+use super::node::Node;
 use super::Connector;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
