@@ -115,7 +115,7 @@ use page::Page;
 use sectors::Sectors;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// `(inode number, block index)`.
 pub type PageKey = (u64, u64);
@@ -193,9 +193,7 @@ pub struct CacheCounters {
     pub batched_misses: AtomicU64,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use rmemfs_common::sync::lock;
 
 pub struct PageCache {
     /// Block buffers the cache's memory holds.

@@ -11,6 +11,7 @@
 use crate::error::FsError;
 use crate::remote::sums::Sums;
 use crate::remote::BlockLoc;
+use rmemfs_common::sync::{lock, read, write};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -157,15 +158,15 @@ impl Inode {
     }
 
     pub fn meta(&self) -> MutexGuard<'_, Meta> {
-        self.meta.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.meta)
     }
 
     pub fn io_shared(&self) -> std::sync::RwLockReadGuard<'_, ()> {
-        self.io.read().unwrap_or_else(|e| e.into_inner())
+        read(&self.io)
     }
 
     pub fn io_exclusive(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
-        self.io.write().unwrap_or_else(|e| e.into_inner())
+        write(&self.io)
     }
 }
 

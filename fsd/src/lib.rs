@@ -6,7 +6,6 @@
 //! - [`acl`]: POSIX ACLs: their xattr form and how they tie to the mode.
 //! - [`cache`]: the LRU page cache with write-back.
 //! - [`remote`]: memnode connections, block placement and batched block I/O.
-//! - [`affinity`]: pinning threads to CPUs, and which CPU a thread is pinned to.
 //! - [`fuse`]: the thin fuser adapter, the only place errno appears.
 //! - [`stats`]: counters of remote traffic and of the cache, written for benchmarks.
 //! - [`mount`]: the mount options, mount(2), and serving until unmounted or signalled.
@@ -17,11 +16,11 @@
 //! - [`daemon`]: startup, periodic flushing, write-back and shutdown.
 //! - [`volume`]: durable volumes: the metadata kept in remote memory.
 //!
-//! The FUSE transports, mounting and CPU pinning are the `rmemfs-fuse` crate's,
-//! shared with nullfs; [`fuse`], [`mount`] and [`affinity`] re-export them here.
+//! The FUSE transports and mounting are the `rmemfs-fuse` crate's, shared with
+//! nullfs; [`fuse`] and [`mount`] re-export them here. CPU pinning is
+//! `rmemfs_common::cpus`.
 
 pub mod acl;
-pub mod affinity;
 pub mod atime;
 pub mod cache;
 pub mod daemon;

@@ -19,6 +19,7 @@ use crate::error::{FsError, FsResult};
 use crate::inode::{Attr, FileKind, Ino, Inode, ROOT_INO};
 use crate::volume::format::Record;
 use crate::volume::journal::Journal;
+use rmemfs_common::sync::{read, write};
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
@@ -172,18 +173,16 @@ impl Namespace {
     }
 
     fn tree_read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<Ino, Dir>> {
-        self.tree.read().unwrap_or_else(|e| e.into_inner())
+        read(&self.tree)
     }
 
     fn tree_write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<Ino, Dir>> {
-        self.tree.write().unwrap_or_else(|e| e.into_inner())
+        write(&self.tree)
     }
 
     /// The inode numbered `ino`, if it exists.
     pub fn get(&self, ino: Ino) -> FsResult<Arc<Inode>> {
-        self.inodes
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+        read(&self.inodes)
             .get(&ino)
             .cloned()
             .ok_or(FsError::NotFound)
@@ -268,10 +267,7 @@ impl Namespace {
             r.push(persist::attr_record(&parent_inode.meta().attr));
             r
         });
-        self.inodes
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(ino, inode.clone());
+        write(&self.inodes).insert(ino, inode.clone());
         Ok(inode)
     }
 
@@ -548,10 +544,7 @@ impl Namespace {
         let cookie = tree
             .get_mut(&parent)
             .map_or(0, |d| d.insert(name.to_os_string(), ino));
-        self.inodes
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(ino, inode.clone());
+        write(&self.inodes).insert(ino, inode.clone());
         (inode, cookie)
     }
 
@@ -659,10 +652,7 @@ impl Namespace {
             m.lookups == 0 && m.attr.nlink == 0 && m.opens == 0
         };
         if gone {
-            self.inodes
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&ino);
+            write(&self.inodes).remove(&ino);
             if let Some(j) = &self.journal {
                 j.forgotten(ino);
             }
@@ -673,17 +663,12 @@ impl Namespace {
 
     /// Number of inodes (for statfs).
     pub fn inode_count(&self) -> u64 {
-        self.inodes.read().unwrap_or_else(|e| e.into_inner()).len() as u64
+        read(&self.inodes).len() as u64
     }
 
     /// Every inode (for shutdown).
     pub fn all(&self) -> Vec<Arc<Inode>> {
-        self.inodes
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect()
+        read(&self.inodes).values().cloned().collect()
     }
 }
 

@@ -7,18 +7,17 @@
 //!
 //! - `ops.rs`: [`FuseOps`], what a filesystem answers, whatever carries the request;
 //! - `classic.rs`: the classic transport, fuser's /dev/fuse loop;
-//! - `ring/`: FUSE over io_uring (Linux 6.14), beside the classic loop;
+//! - `ring/`: FUSE over io_uring (Linux 6.14), beside the classic loop; its threads
+//!   are pinned to their queue's CPU with `rmemfs_common::cpus` (taken without the
+//!   verbs fabric);
 //! - `timing.rs`: latency histograms of a filesystem's handlers, by kind of request;
 //! - `mount.rs` and `mount/`: the mount options, mount(2), and serving a mount until
 //!   it is unmounted or signalled;
-//! - `affinity.rs`: pinning the ring's threads to their queue's CPU, and which CPU a
-//!   thread is pinned to;
 //! - here: the settings both transports share.
 //!
 //! fsd's side (its answers, `fsd::fuse::FuseAdapter`, and the one errno table) stays
 //! in fsd, which re-exports this crate's modules under its old paths.
 
-pub mod affinity;
 mod classic;
 pub mod mount;
 pub mod ops;

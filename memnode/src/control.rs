@@ -37,6 +37,7 @@ use crate::memfile::MemoryFile;
 use crate::pool::ChunkPool;
 use crate::volumes::VolumeTable;
 use rmemfs_common::protocol::{NodeStats, SessionSecret, VolumeSummary};
+use rmemfs_common::sync::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -125,17 +126,17 @@ impl ControlService {
 
     // Sessions are updated in single statements, so poisoning is ignored.
     fn clients(&self) -> MutexGuard<'_, HashMap<u64, Session>> {
-        self.clients.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.clients)
     }
 
     // The table's methods leave it consistent at every return, and the pool calls
     // made under this lock do not panic on client input; poisoning is ignored.
     fn volumes(&self) -> MutexGuard<'_, VolumeTable> {
-        self.volumes.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.volumes)
     }
 
     fn heard(&self) -> MutexGuard<'_, HashMap<u64, Instant>> {
-        self.heard.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.heard)
     }
 
     /// How long ago `client` last sent a request; `None` when it is not connected.

@@ -28,6 +28,7 @@
 
 use prometheus_client::encoding::{prometheus_text, text};
 use prometheus_client::registry::Registry;
+use rmemfs_common::sync::lock;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -137,7 +138,7 @@ fn accept_loop(listener: &TcpListener, queue: &SyncSender<TcpStream>, stop: &Ato
 
 fn work(queue: &Mutex<Receiver<TcpStream>>, registry: &Registry) {
     loop {
-        let next = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
+        let next = lock(&queue).recv();
         let Ok(stream) = next else { return };
         if let Err(e) = serve(stream, registry) {
             log::debug!("metrics: {e}");

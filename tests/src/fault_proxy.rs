@@ -14,6 +14,7 @@
 //! waits), so each thread notices a fault or the proxy's end within a tick and no thread
 //! ever spins.
 
+use rmemfs_common::sync::{lock, wait_timeout};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -70,11 +71,11 @@ struct Shared {
 
 impl Shared {
     fn mode(&self) -> MutexGuard<'_, Mode> {
-        self.mode.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.mode)
     }
 
     fn conns(&self) -> MutexGuard<'_, HashMap<u64, Conn>> {
-        self.conns.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.conns)
     }
 
     fn set_mode(&self, change: impl FnOnce(&mut Mode)) {
@@ -101,11 +102,7 @@ impl Shared {
             if ready(&mode) {
                 return true;
             }
-            mode = self
-                .changed
-                .wait_timeout(mode, TICK)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            mode = wait_timeout(&self.changed, mode, TICK).0;
         }
     }
 

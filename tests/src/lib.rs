@@ -78,6 +78,7 @@ pub use stats::{FsdStats, StatsFile};
 pub use tmpfs::TmpfsMount;
 pub use transport::Transport;
 
+use rmemfs_common::sync::lock;
 use std::io;
 use std::sync::{mpsc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -134,7 +135,7 @@ static HEAVY: Mutex<()> = Mutex::new(());
 /// Serialises heavy tests (hundreds of MiB through a mount) inside one test binary:
 /// the CI machine has 2 cores. Hold the guard for the whole test.
 pub fn heavy_test() -> MutexGuard<'static, ()> {
-    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&HEAVY)
 }
 
 /// The errno's symbolic name, for failure messages (EWOULDBLOCK is EAGAIN on Linux).

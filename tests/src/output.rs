@@ -1,6 +1,7 @@
 //! Child process plumbing shared by the memnode and fsd wrappers: stdout as a channel of
 //! lines, stderr as a bounded tail kept for failure messages, signals, bounded waits.
 
+use rmemfs_common::sync::lock;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -38,7 +39,7 @@ impl Tail {
                             return;
                         }
                         Ok(n) => {
-                            let mut b = sink.lock().unwrap_or_else(|e| e.into_inner());
+                            let mut b = lock(&sink);
                             b.extend_from_slice(&chunk[..n]);
                             if b.len() > TAIL_BYTES {
                                 let cut = b.len() - TAIL_BYTES;
@@ -64,7 +65,7 @@ impl Tail {
     }
 
     pub(crate) fn text(&self) -> String {
-        let b = self.buf.lock().unwrap_or_else(|e| e.into_inner());
+        let b = lock(&self.buf);
         String::from_utf8_lossy(&b).into_owned()
     }
 }

@@ -21,6 +21,7 @@
 //! The first daemon a test starts prints one line saying which transport it runs on.
 
 use rmemfs_common::fabric;
+use rmemfs_common::sync::lock;
 use std::collections::HashSet;
 use std::sync::Mutex;
 
@@ -100,7 +101,7 @@ pub(crate) fn announce(transport: Transport, fixed: bool, who: &str) {
         Some(name) => name.to_string(),
         None => format!("{:?}", thread.id()),
     };
-    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    let mut seen = lock(&SEEN);
     if seen.get_or_insert_with(HashSet::new).insert(key.clone()) {
         let why = if fixed {
             "fixed by the test".to_string()

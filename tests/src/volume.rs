@@ -16,6 +16,7 @@ use crate::binaries::binary;
 use crate::command::{command_line, run_within};
 use crate::memnode::MemnodeProc;
 use crate::{poll_until, FsdMount, Refusal};
+use rmemfs_common::sync::lock;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::process::{Command, Output};
@@ -83,7 +84,7 @@ impl RmemfsRun {
 fn accepts_transport(sub: &[&str]) -> bool {
     static SEEN: Mutex<BTreeMap<String, bool>> = Mutex::new(BTreeMap::new());
     let key = sub.join(" ");
-    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    let mut seen = lock(&SEEN);
     if let Some(&known) = seen.get(&key) {
         return known;
     }

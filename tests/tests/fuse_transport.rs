@@ -13,6 +13,7 @@
 //! a kernel with FUSE over io_uring (Linux 6.14, CONFIG_FUSE_IO_URING); they take one
 //! lock so they never overlap. Without root or that kernel they fail, saying so.
 
+use rmemfs_common::sync::lock;
 use rmemfs_tests::data::assert_bytes_eq;
 use rmemfs_tests::{FsdMount, MemnodeProc, Pattern, StatsFile, MIB};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -60,7 +61,7 @@ impl Drop for Setting {
 /// The settings lock plus FUSE over io_uring on (as scripts/run and scripts/test set
 /// it), restored when the test ends.
 fn uring_on() -> (MutexGuard<'static, ()>, Setting) {
-    let lock = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+    let lock = lock(&SETTINGS);
     (lock, Setting::set(ENABLE_URING, "Y"))
 }
 
@@ -139,7 +140,7 @@ fn the_classic_loop_serves_a_mount_that_asks_for_it() {
 /// refuses to mount saying why.
 #[test]
 fn with_the_parameter_off_auto_falls_back_and_io_uring_refuses() {
-    let _lock = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+    let _lock = lock(&SETTINGS);
     let _off = Setting::set(ENABLE_URING, "N");
     let stats = StatsFile::new();
     let mount = FsdMount::start(&args(&stats, "auto"));
@@ -328,19 +329,11 @@ fn spawn_busy(
 
 /// Keeps the calling thread on `cpu`, so its FUSE requests go to that CPU's queue.
 fn pin_to_cpu(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and sched_setaffinity get
-    // a valid set of the size passed.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        let r = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        assert_eq!(
-            r,
-            0,
-            "pinning to CPU {cpu}: {}",
-            std::io::Error::last_os_error()
-        );
-    }
+    assert!(
+        rmemfs_common::cpus::pin_current_thread(cpu),
+        "pinning to CPU {cpu}: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 /// Reads (checking every byte) or writes through `file` until `until`; returns how

@@ -16,6 +16,7 @@
 //! overshoots its capacity (see the cache's module comment) the extra buffers come
 //! from the heap; the fabric still handles them, registering them per operation.
 
+use rmemfs_common::sync::lock;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -186,7 +187,7 @@ impl Slab {
 
 impl Shared {
     fn free(&self) -> std::sync::MutexGuard<'_, Free> {
-        self.free.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.free)
     }
 }
 

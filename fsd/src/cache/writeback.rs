@@ -4,8 +4,9 @@
 //! eviction so that requests needing a buffer find clean ones.
 
 use super::page::{Page, PageState};
-use super::{lock, PageCache, PageKey, RemoteIo, Store};
+use super::{PageCache, PageKey, RemoteIo, Store};
 use crate::error::FsError;
+use rmemfs_common::sync::{lock, wait_timeout_while};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
@@ -173,10 +174,7 @@ impl PageCache {
     /// queued to write behind); true if there was some meanwhile.
     pub fn wait_for_work(&self, d: Duration) -> bool {
         let g = lock(&self.evicting_now);
-        let (mut g, _) = self
-            .evicted
-            .wait_timeout_while(g, d, |evicting| !*evicting)
-            .unwrap_or_else(|e| e.into_inner());
+        let (mut g, _) = wait_timeout_while(&self.evicted, g, d, |evicting| !*evicting);
         std::mem::take(&mut *g)
     }
 

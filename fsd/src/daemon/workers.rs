@@ -9,6 +9,7 @@ use super::Options;
 use crate::fs::RmemFs;
 use crate::stats::Snapshot;
 use crate::status::{MountInfo, StatusWriter};
+use rmemfs_common::sync::{lock, wait_timeout};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -40,24 +41,21 @@ struct StopSignal {
 
 impl StopSignal {
     fn stop(&self) {
-        *self.stopped.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        *lock(&self.stopped) = true;
         self.cv.notify_all();
     }
 
     fn is_stopped(&self) -> bool {
-        *self.stopped.lock().unwrap_or_else(|e| e.into_inner())
+        *lock(&self.stopped)
     }
 
     /// Waits up to `d`; true once stopped.
     fn wait(&self, d: Duration) -> bool {
-        let g = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
+        let g = lock(&self.stopped);
         if *g {
             return true;
         }
-        let (g, _) = self
-            .cv
-            .wait_timeout(g, d)
-            .unwrap_or_else(|e| e.into_inner());
+        let (g, _) = wait_timeout(&self.cv, g, d);
         *g
     }
 }

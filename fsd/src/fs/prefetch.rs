@@ -11,6 +11,7 @@
 use super::RmemFs;
 use crate::cache::Fill;
 use crate::inode::Ino;
+use rmemfs_common::sync::{lock, wait_timeout_while};
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,7 +37,7 @@ impl Prefetcher {
 
     /// Queues the loading of blocks `blocks` of `ino`.
     pub fn push(&self, ino: Ino, blocks: Range<u64>) {
-        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let mut q = lock(&self.queue);
         if q.len() < MAX_QUEUED {
             q.push_back((ino, blocks));
             self.queued.notify_one();
@@ -44,11 +45,8 @@ impl Prefetcher {
     }
 
     fn pop(&self, wait: Duration) -> Option<(Ino, Range<u64>)> {
-        let q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        let (mut q, _) = self
-            .queued
-            .wait_timeout_while(q, wait, |q| q.is_empty())
-            .unwrap_or_else(|e| e.into_inner());
+        let q = lock(&self.queue);
+        let (mut q, _) = wait_timeout_while(&self.queued, q, wait, |q| q.is_empty());
         q.pop_front()
     }
 }

@@ -10,6 +10,7 @@
 use super::RmemFs;
 use crate::cache::Fill;
 use crate::inode::{FileKind, Ino};
+use rmemfs_common::sync::lock;
 
 /// Blocks counted per hold of an inode's meta lock.
 const SCAN_SLICE: usize = 4096;
@@ -65,7 +66,7 @@ impl RmemFs {
     }
 
     fn redundancy_slot(&self) -> std::sync::MutexGuard<'_, Redundancy> {
-        self.redundancy.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.redundancy)
     }
 
     /// One pass over the block maps: the counts, and up to `budget` blocks to repair.

@@ -15,6 +15,7 @@ use crate::cache::Fill;
 use crate::inode::{FileKind, Ino, Inode};
 use crate::remote::sums;
 use crate::remote::{BlockLoc, Replica, PAGE};
+use rmemfs_common::sync::lock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Where the scrubber stands.
@@ -67,7 +68,7 @@ impl RmemFs {
     /// Checks copies worth up to `budget` bytes, from where the last call stopped.
     /// Returns the bytes read.
     pub fn scrub(&self, budget: u64) -> u64 {
-        let mut cursor = self.scrub_cursor.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cursor = lock(&self.scrub_cursor);
         let mut inodes: Vec<_> = self
             .ns
             .all()

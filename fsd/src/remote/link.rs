@@ -6,9 +6,8 @@
 use super::error::RemoteError;
 use super::remap::RkeyRemap;
 use super::Connector;
-use crate::affinity;
 use rmemfs_common::control::{self, VolumeInfo};
-use rmemfs_common::cpus::process_cpus;
+use rmemfs_common::cpus::{pinned_cpu, process_cpus};
 use rmemfs_common::fabric::Endpoint;
 use rmemfs_common::protocol::SessionSecret;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -160,7 +159,7 @@ impl Link {
     pub fn endpoint(&self) -> &dyn Endpoint {
         let k = choose(
             self.endpoints.len(),
-            affinity::pinned_cpu().map(|cpu| (cpu, process_cpus())),
+            pinned_cpu().map(|cpu| (cpu, process_cpus())),
             || self.next.fetch_add(1, Ordering::Relaxed),
             |k| self.endpoints[k].is_busy(),
         );

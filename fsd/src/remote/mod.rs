@@ -73,9 +73,7 @@ use std::time::Duration;
 /// every data and control connection.
 pub type Connector = dyn Fn(&str, u64) -> Result<Box<dyn Endpoint>, FabricError> + Send + Sync;
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use rmemfs_common::sync::lock;
 
 /// Settings for [`RemoteStore::connect`].
 #[derive(Clone)]

@@ -37,12 +37,13 @@ use super::link::{Link, LinkConfig, Session};
 use super::placement::Replica;
 use super::pool::BlockPool;
 use super::remap::RkeyRemap;
-use super::{lock, Connector};
+use super::Connector;
 use rmemfs_common::control::{self, ControlError};
 use rmemfs_common::fabric::FabricError;
 use rmemfs_common::protocol::Allocation;
 use rmemfs_common::protocol::{NodeStats, SessionSecret};
 use rmemfs_common::size::format_size;
+use rmemfs_common::sync::{lock, read, wait_timeout, write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
@@ -125,11 +126,7 @@ impl Refill {
     pub(super) fn take_request(&self, d: Duration) -> bool {
         let mut wanted = lock(&self.wanted);
         if !*wanted {
-            wanted = self
-                .cv
-                .wait_timeout(wanted, d)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            wanted = wait_timeout(&self.cv, wanted, d).0;
         }
         std::mem::take(&mut *wanted)
     }
@@ -293,11 +290,11 @@ impl Node {
     }
 
     fn read_state(&self) -> RwLockReadGuard<'_, State> {
-        self.state.read().unwrap_or_else(|e| e.into_inner())
+        read(&self.state)
     }
 
     fn write_state(&self) -> RwLockWriteGuard<'_, State> {
-        self.state.write().unwrap_or_else(|e| e.into_inner())
+        write(&self.state)
     }
 
     /// Records a failure of an operation made on the link of `epoch`. A broken

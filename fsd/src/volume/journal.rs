@@ -22,7 +22,7 @@ use crate::inode::{Ino, Inode};
 use crate::remote::BlockLoc;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 use super::format::{encode_records, Record};
 
@@ -35,9 +35,7 @@ pub struct Journal {
     growth: AtomicU64,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use rmemfs_common::sync::lock;
 
 impl Journal {
     /// Appends one structural change (called under the tree lock, exclusively).

@@ -148,7 +148,7 @@ pub use room::{block_record_bound, checkpoint_room, room_slack};
 use crate::remote::{BlockLoc, RemoteStore};
 use journal::Journal;
 use rmemfs_common::protocol::Allocation;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 /// Where one memnode holds this generation's checkpoint and log.
 #[derive(Debug, Clone, Copy)]
@@ -229,9 +229,7 @@ pub struct Volume {
     headroom: std::sync::atomic::AtomicU64,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use rmemfs_common::sync::lock;
 
 impl Volume {
     /// True the first time only: the caller shuts the volume down.

@@ -8,6 +8,7 @@ use super::serve::serve_queue;
 use crate::ops::FuseOps;
 use anyhow::{anyhow, bail, Context};
 use fuser::{InitFlags, KernelConfig};
+use rmemfs_common::sync::{lock, wait, wait_timeout};
 use std::os::fd::OwnedFd;
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -84,13 +85,9 @@ impl Shared {
             if let (true, Some(fd)) = (go.negotiated, &go.device) {
                 return Some(fd.clone());
             }
-            go = self.go_cv.wait(go).unwrap_or_else(|e| e.into_inner());
+            go = wait(&self.go_cv, go);
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The ring transport of one mount, from before mounting until its threads end.
@@ -206,12 +203,7 @@ impl RingLauncher {
                 log::warn!("{} FUSE ring threads still running at shutdown", *alive);
                 return;
             }
-            alive = self
-                .shared
-                .alive_cv
-                .wait_timeout(alive, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            alive = wait_timeout(&self.shared.alive_cv, alive, deadline - now).0;
         }
     }
 }

@@ -72,7 +72,7 @@ impl Queue {
 fn settle_on(qid: u16) {
     // Requests of tasks on this CPU come to this queue. Best effort: the kernel
     // routes requests whatever CPU serves them.
-    crate::affinity::pin_current_thread(qid as usize);
+    rmemfs_common::cpus::pin_current_thread(qid as usize);
     // The wait for company (`COMPANY_WAIT`) is microseconds: without this, the
     // kernel may let it run 50 µs over (the default timer slack).
     // SAFETY: PR_SET_TIMERSLACK takes a value and changes only this thread.

@@ -29,6 +29,7 @@ use crate::allocator::Owner;
 use crate::saved::SavedState;
 use crate::volumes::Holder;
 use rmemfs_common::protocol::Request;
+use rmemfs_common::sync::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -113,7 +114,7 @@ impl ControlService {
     /// Saves the books to the memory file, if there is one.
     pub(super) fn save(&self) {
         let Some(store) = &self.store else { return };
-        let mut file = store.lock().unwrap_or_else(|e| e.into_inner());
+        let mut file = lock(&store);
         let mut books = self.books();
         match file.save(&mut books) {
             Ok(()) => self.books_full.store(file.nearly_full(), Ordering::Relaxed),

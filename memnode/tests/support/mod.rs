@@ -8,6 +8,7 @@ use rmemfs_common::control;
 use rmemfs_common::fabric::tcp::TcpEndpoint;
 use rmemfs_common::fabric::{Endpoint, FabricError, RdmaOp, RemoteAddr, Transport};
 use rmemfs_common::protocol::{Allocation, SessionSecret};
+use rmemfs_common::sync::lock;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -52,7 +53,7 @@ type Sessions = Option<HashMap<(String, u64), SessionSecret>>;
 
 fn lock_sessions() -> std::sync::MutexGuard<'static, Sessions> {
     static SESSIONS: std::sync::Mutex<Sessions> = std::sync::Mutex::new(None);
-    SESSIONS.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&SESSIONS)
 }
 
 /// The secret of the session [`client`] started as `client_id` on `node` (none yet:

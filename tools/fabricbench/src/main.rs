@@ -22,6 +22,7 @@ use rmemfs_common::control;
 use rmemfs_common::fabric::{self, Endpoint, RemoteAddr, Transport, MAX_DATA_OP};
 use rmemfs_common::protocol::Allocation;
 use rmemfs_common::size::parse_size;
+use rmemfs_common::sync::lock;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use summary::Summary;
@@ -152,7 +153,7 @@ impl Client<'_> {
             poll,
         )?;
         let token = self.opts.token.as_deref().unwrap_or("").as_bytes();
-        let mut session = self.session.lock().unwrap_or_else(|e| e.into_inner());
+        let mut session = lock(&self.session);
         let welcome = control::hello_in_session(ep.as_ref(), self.id, token, *session)
             .with_context(|| format!("memnode {} refused hello", self.opts.memnode))?;
         *session = welcome.session;

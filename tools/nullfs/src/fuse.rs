@@ -4,6 +4,7 @@
 
 use crate::namespace::{Attr, Error, Kind, Namespace, SetAttr, MAX_NAME, ROOT_INO};
 use fuser::{Errno, FileAttr, FileType, FopenFlags, INodeNo, KernelConfig, TimeOrNow};
+use rmemfs_common::sync::lock;
 use rmemfs_fuse::ops::{DirSink, Opened, Req, SetAttrIn, Statfs, Xattr};
 use rmemfs_fuse::{CacheMode, FuseOps};
 use std::ffi::OsStr;
@@ -83,7 +84,7 @@ impl NullFs {
     }
 
     fn ns(&self) -> MutexGuard<'_, Namespace> {
-        self.ns.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.ns)
     }
 
     /// A new regular file owned by the caller (mknod and create).

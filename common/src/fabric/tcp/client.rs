@@ -35,7 +35,7 @@ use super::direct;
 use super::wire::*;
 use crate::fabric::{Endpoint, FabricError, RdmaOp, MAX_DATA_OP};
 use crate::protocol::MAX_CONTROL_FRAME;
-use crate::sync::lock;
+use crate::sync::{get_mut, lock};
 use std::io::{BufReader, IoSlice, IoSliceMut, Read};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsFd, AsRawFd};
@@ -263,7 +263,7 @@ impl TcpEndpoint {
     /// Makes a caller poll for up to `poll` for its completions before it sleeps
     /// (zero, the default, sleeps at once): lower latency for CPU time.
     pub fn with_poll(mut self, poll: Duration) -> TcpEndpoint {
-        self.io.get_mut().unwrap_or_else(|e| e.into_inner()).poll = poll;
+        get_mut(&mut self.io).poll = poll;
         self
     }
 

@@ -21,6 +21,7 @@
 //! the thread moved only when it changes. A CPU outside the process's own mask (a
 //! memnode under `taskset` or a cpuset) is never taken.
 
+use crate::cpus::CpuSet;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 /// Requests between two looks at where the connection's packets arrive.
@@ -30,45 +31,6 @@ pub const RECHECK_EVERY: u32 = 64;
 /// and that CPU is one the process may use, else anywhere (`None`).
 pub fn target(crowded: bool, incoming: Option<usize>, allowed: &CpuSet) -> Option<usize> {
     incoming.filter(|&cpu| crowded && allowed.contains(cpu))
-}
-
-/// A set of CPUs (`cpu_set_t`).
-#[derive(Clone)]
-pub struct CpuSet(libc::cpu_set_t);
-
-impl CpuSet {
-    /// The CPUs the calling thread may run on; `None` when the kernel will not say.
-    pub fn of_current_thread() -> Option<CpuSet> {
-        // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity writes
-        // at most its size into it.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
-                .then_some(CpuSet(set))
-        }
-    }
-
-    /// The set of `cpu` alone (empty for a CPU beyond what a set holds).
-    pub fn only(cpu: usize) -> CpuSet {
-        // SAFETY: as above; CPU_SET is only called in bounds.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        if cpu < libc::CPU_SETSIZE as usize {
-            // SAFETY: cpu < CPU_SETSIZE, so the bit is inside the set.
-            unsafe { libc::CPU_SET(cpu, &mut set) };
-        }
-        CpuSet(set)
-    }
-
-    pub fn contains(&self, cpu: usize) -> bool {
-        // SAFETY: CPU_ISSET reads one bit inside the set for cpu < CPU_SETSIZE.
-        cpu < libc::CPU_SETSIZE as usize && unsafe { libc::CPU_ISSET(cpu, &self.0) }
-    }
-
-    /// Makes the calling thread run on these CPUs only; false when the kernel refuses.
-    fn apply(&self) -> bool {
-        // SAFETY: sched_setaffinity reads the set it is given, of the size given.
-        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0) == 0 }
-    }
 }
 
 /// The CPU on which the kernel last received packets of the socket `fd`, if known.
@@ -142,12 +104,9 @@ mod tests {
     use super::*;
 
     fn set(cpus: &[usize]) -> CpuSet {
-        let mut s = CpuSet::only(cpus[0]);
-        for &c in &cpus[1..] {
-            // SAFETY: test CPUs are small, inside the set.
-            unsafe { libc::CPU_SET(c, &mut s.0) };
-        }
-        s
+        cpus[1..]
+            .iter()
+            .fold(CpuSet::only(cpus[0]), |s, &c| s.with(c))
     }
 
     #[test]
@@ -187,8 +146,7 @@ mod tests {
             assert_eq!(p.pinned, Some(incoming));
             let now = CpuSet::of_current_thread().unwrap();
             assert!(now.contains(incoming));
-            // SAFETY: CPU_COUNT reads the set.
-            assert_eq!(unsafe { libc::CPU_COUNT(&now.0) }, 1, "pinned to one CPU");
+            assert_eq!(now.count(), 1, "pinned to one CPU");
             // Not looked at again until RECHECK_EVERY more requests.
             for _ in 1..RECHECK_EVERY {
                 p.after_request(server.as_fd(), || false);
@@ -197,10 +155,7 @@ mod tests {
             p.after_request(server.as_fd(), || false);
             assert_eq!(p.pinned, None, "back home once not crowded");
             let back = CpuSet::of_current_thread().unwrap();
-            // SAFETY: as above.
-            assert_eq!(unsafe { libc::CPU_COUNT(&back.0) }, unsafe {
-                libc::CPU_COUNT(&home.0)
-            });
+            assert_eq!(back.count(), home.count());
         })
         .join()
         .unwrap();

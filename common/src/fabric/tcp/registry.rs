@@ -20,6 +20,7 @@
 //! returned, and an access runs only while its registration is in the table.
 
 use crate::fabric::{AccessError, FabricError, MemoryRegistry};
+use crate::sync::{lock, read, write};
 use std::collections::HashMap;
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -77,11 +78,11 @@ impl TcpRegistry {
     // Poisoning cannot leave the map half-updated (every update is one insert or
     // remove), so a poisoned lock is used as is.
     fn read_table(&self) -> RwLockReadGuard<'_, HashMap<u32, Registration>> {
-        self.table.read().unwrap_or_else(|e| e.into_inner())
+        read(&self.table)
     }
 
     fn write_table(&self) -> RwLockWriteGuard<'_, HashMap<u32, Registration>> {
-        self.table.write().unwrap_or_else(|e| e.into_inner())
+        write(&self.table)
     }
 
     /// Live registrations.
@@ -95,7 +96,7 @@ impl TcpRegistry {
 
     /// A non-zero rkey not in `table`.
     fn fresh_key(&self, table: &HashMap<u32, Registration>) -> Result<u32, FabricError> {
-        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        let mut keys = lock(&self.keys);
         for _ in 0..KEY_TRIES {
             let k = keys().ok_or_else(no_key)?;
             if k != 0 && !table.contains_key(&k) {

@@ -23,7 +23,7 @@ use super::messages::{Messages, RECV_DEPTH, RECV_TAG, SEND_TAG};
 use super::sys::*;
 use super::PRIVATE_MAGIC;
 use crate::fabric::{Endpoint, FabricError, RdmaOp, MAX_DATA_OP};
-use crate::sync::lock;
+use crate::sync::{lock, wait_timeout};
 use rdma_sys::*;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -299,10 +299,7 @@ impl Inner {
             if now >= deadline {
                 return (st, false);
             }
-            let (g, _) = self
-                .cond
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|e| e.into_inner());
+            let (g, _) = wait_timeout(&self.cond, st, deadline - now);
             st = g;
         }
     }

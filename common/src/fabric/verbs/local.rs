@@ -9,6 +9,7 @@
 
 use super::sys::{Mr, Pd, LOCAL_ONLY};
 use crate::fabric::FabricError;
+use crate::sync::{lock, read, write};
 use rdma_sys::ibv_context;
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -24,7 +25,7 @@ impl LocalPd {
     pub fn lkey_for(&self, ptr: *const u8, len: usize) -> Option<u32> {
         let start = ptr as usize;
         let end = start.checked_add(len)?;
-        let slabs = self.slabs.read().unwrap_or_else(|e| e.into_inner());
+        let slabs = read(&self.slabs);
         slabs
             .iter()
             .find(|(s, l, _)| start >= *s && end <= s + l)
@@ -35,10 +36,7 @@ impl LocalPd {
         // SAFETY: register_local's contract: the slab stays mapped for the
         // process's life.
         let mr = unsafe { Mr::register(&self.pd, start as *mut u8, len, LOCAL_ONLY)? };
-        self.slabs
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((start, len, mr));
+        write(&self.slabs).push((start, len, mr));
         Ok(())
     }
 }
@@ -56,7 +54,7 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
 });
 
 fn registry() -> std::sync::MutexGuard<'static, Registry> {
-    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&REGISTRY)
 }
 
 /// The shared protection domain of device context `ctx`, created (with every slab
