@@ -8,6 +8,8 @@
 //!   memnode and fsd the harness starts gets `--transport` with it, so the same tests
 //!   run over both fabric backends (scripts/softroce/e2e.sh runs them over verbs in a
 //!   Soft-RoCE guest). Each test prints which transport it used.
+//! - [`config`] names the settings many tests share (fsd's block size, a small
+//!   cache, fsd's op timeout and dead time, the bound on failing instead of hanging).
 //! - [`MemnodeProc`] starts a memnode on a free port (of `127.0.0.1` unless
 //!   `RMEMFS_TEST_HOST` or the transport says otherwise), reads its real address from its one stdout
 //!   line, asks it for stats over the control protocol, kills it; `start_at` brings a
@@ -49,6 +51,7 @@
 
 pub mod binaries;
 pub mod command;
+pub mod config;
 pub mod data;
 pub mod exposition;
 pub mod fault_proxy;

@@ -1,6 +1,7 @@
 //! A tmpfs mounted for one test: the local filesystem the mount tests compare rmemfs
 //! with, where a behaviour could differ. Unmounted (lazily if busy) on drop.
 
+use crate::config::SMALL_CACHE;
 use crate::{FsdMount, MemnodeProc};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -21,6 +22,12 @@ pub fn on_tmpfs_and_rmemfs(
     let fsd = FsdMount::with_memnode(&memnode, fsd_args);
     scenario(fsd.path(), "rmemfs");
     fsd.unmount();
+}
+
+/// [`on_tmpfs_and_rmemfs`] for files of a few MiB: a 64 MiB tmpfs, then a 256 MiB
+/// memnode under fsd with a [`SMALL_CACHE`], so rmemfs's data goes through the memnode.
+pub fn on_tmpfs_and_small_cache_rmemfs(scenario: impl Fn(&Path, &str)) {
+    on_tmpfs_and_rmemfs("64M", "256M", &SMALL_CACHE, scenario);
 }
 
 pub struct TmpfsMount {

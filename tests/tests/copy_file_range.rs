@@ -4,12 +4,12 @@
 //! memnode that holds the source, without the bytes passing through fsd, and the
 //! copy reads back exactly from remote memory.
 
+use rmemfs_tests::config::{BLOCK, BLOCK_SIZE};
 use rmemfs_tests::{FsdMount, MemnodeProc, Pattern, StatsFile, MIB};
 use std::process::Command;
 use std::time::Duration;
 
 const LEN: u64 = 48 * MIB;
-const BLOCK: u64 = 64 << 10;
 
 /// Copies `src` to `dst` with a copy_file_range loop from byte `skip` of `src` to
 /// byte `skip2` of `dst`, as a copying program would.
@@ -49,7 +49,7 @@ fn a_copy_file_range_loop_is_copied_by_the_memnode_and_reads_back_exact() {
             "--cache",
             "16M",
             "--block-size",
-            "64K",
+            BLOCK_SIZE,
             "--stats-file",
             stats.arg(),
         ],

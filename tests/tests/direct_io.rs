@@ -9,8 +9,10 @@
 //! only. Unaligned direct I/O is refused by ext4 and xfs (EINVAL) but accepted by tmpfs
 //! and by FUSE, which has no alignment rule: it is asserted exact, not refused.
 
+use rmemfs_tests::config::SMALL_CACHE;
 use rmemfs_tests::data::{assert_bytes_eq, create};
 use rmemfs_tests::kernel::{drop_page_cache, resident_pages, AlignedBuf, Mapping};
+use rmemfs_tests::tmpfs::on_tmpfs_and_small_cache_rmemfs;
 use rmemfs_tests::{heavy_test, FsdMount, MemnodeProc, Pattern, MIB};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -22,10 +24,7 @@ const ALIGN: usize = 4096;
 /// bypass it (on the default --direct-io mount every handle does).
 fn rmemfs() -> (FsdMount, MemnodeProc) {
     let memnode = MemnodeProc::start("256M");
-    let fsd = FsdMount::with_memnode(
-        &memnode,
-        &["--cache", "2M", "--block-size", "64K", "--page-cache"],
-    );
+    let fsd = FsdMount::with_memnode(&memnode, &[&SMALL_CACHE[..], &["--page-cache"]].concat());
     (fsd, memnode)
 }
 
@@ -60,21 +59,11 @@ fn direct_write(f: &File, offset: u64, data: &[u8]) {
         .unwrap_or_else(|e| panic!("O_DIRECT write of {} at {offset}: {e}", data.len()));
 }
 
-/// Runs `scenario` on a tmpfs and on rmemfs (a 2 MiB cache), naming each.
-fn on_tmpfs_and_rmemfs(scenario: impl Fn(&Path, &str)) {
-    rmemfs_tests::tmpfs::on_tmpfs_and_rmemfs(
-        "64M",
-        "256M",
-        &["--cache", "2M", "--block-size", "64K"],
-        scenario,
-    );
-}
-
 #[test]
 fn aligned_direct_writes_and_reads_round_trip_byte_exact() {
     let _serial = heavy_test();
     let pattern = Pattern::for_test("O_DIRECT round trip");
-    on_tmpfs_and_rmemfs(|dir, fs| {
+    on_tmpfs_and_small_cache_rmemfs(|dir, fs| {
         let path = dir.join("direct");
         let f = open_direct(&path);
         // (offset, length): within a 64 KiB block, across block boundaries, large.
@@ -159,7 +148,7 @@ fn direct_io_leaves_the_page_cache_empty() {
 fn a_direct_write_replaces_what_the_page_cache_held() {
     let _serial = heavy_test();
     let pattern = Pattern::for_test("O_DIRECT write over cached pages");
-    on_tmpfs_and_rmemfs(|dir, fs| {
+    on_tmpfs_and_small_cache_rmemfs(|dir, fs| {
         let path = dir.join("replace");
         let len = MIB as usize;
         create(&path)
@@ -189,7 +178,7 @@ fn a_direct_write_replaces_what_the_page_cache_held() {
 fn a_direct_read_sees_stores_of_a_shared_mapping_not_yet_written_back() {
     let _serial = heavy_test();
     let pattern = Pattern::for_test("O_DIRECT read of dirty mapped pages");
-    on_tmpfs_and_rmemfs(|dir, fs| {
+    on_tmpfs_and_small_cache_rmemfs(|dir, fs| {
         let path = dir.join("dirty");
         let len = MIB as usize;
         create(&path)
@@ -209,7 +198,7 @@ fn a_direct_read_sees_stores_of_a_shared_mapping_not_yet_written_back() {
 #[test]
 fn a_file_open_with_o_direct_can_be_mapped_shared() {
     let _serial = heavy_test();
-    on_tmpfs_and_rmemfs(|dir, fs| {
+    on_tmpfs_and_small_cache_rmemfs(|dir, fs| {
         let path = dir.join("mapped-direct");
         create(&path)
             .write_all_at(&[b'x'; 8192], 0)
@@ -232,7 +221,7 @@ fn a_file_open_with_o_direct_can_be_mapped_shared() {
 fn unaligned_direct_io_is_accepted_and_exact_as_on_tmpfs() {
     let _serial = heavy_test();
     let pattern = Pattern::for_test("unaligned O_DIRECT");
-    on_tmpfs_and_rmemfs(|dir, fs| {
+    on_tmpfs_and_small_cache_rmemfs(|dir, fs| {
         let path = dir.join("unaligned");
         let f = open_direct(&path);
         let data = pattern.bytes(0, 10_001);

@@ -7,6 +7,7 @@
 //! tell the two apart. A write the kernel splits inside a sector (from a buffer that
 //! is not page-aligned) reads nothing from the memnode.
 
+use rmemfs_tests::config::SMALL_CACHE;
 use rmemfs_tests::data::{assert_bytes_eq, create};
 use rmemfs_tests::kernel::Mapping;
 use rmemfs_tests::{heavy_test, FsdMount, FsdStats, MemnodeProc, Pattern, StatsFile, MIB};
@@ -18,14 +19,8 @@ use std::time::Duration;
 const NO_SHARED_MMAP: &str = "cannot map files of a direct-I/O mount shared";
 
 fn mount(memnode: &MemnodeProc, stats: &StatsFile, extra: &[&str]) -> FsdMount {
-    let mut args = vec![
-        "--cache",
-        "2M",
-        "--block-size",
-        "64K",
-        "--stats-file",
-        stats.arg(),
-    ];
+    let mut args = SMALL_CACHE.to_vec();
+    args.extend(["--stats-file", stats.arg()]);
     args.extend_from_slice(extra);
     FsdMount::with_memnode(memnode, &args)
 }

@@ -4,6 +4,7 @@
 //! to the memnode and read back from it all the time.
 
 use rmemfs_tests::binaries::fsx;
+use rmemfs_tests::config::{cache_of, BLOCK_SIZE, DEAD_TIME};
 use rmemfs_tests::{fresh_dir, heavy_test, FsdMount, MemnodeProc, Pattern, StatsFile, MIB};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -144,10 +145,7 @@ fn fsx_runs_50000_operations_on_a_file_larger_than_the_cache_without_a_miscompar
     let _serial = heavy_test();
     let (seed, ops) = seed_and_ops();
     let memnode = MemnodeProc::start("256M");
-    let fsd = FsdMount::with_memnode(
-        &memnode,
-        &["--cache", "1M", "--block-size", "64K", "--page-cache"],
-    );
+    let fsd = FsdMount::with_memnode(&memnode, &[&cache_of("1M")[..], &["--page-cache"]].concat());
     run_fsx(&fsd, ops, seed, Duration::ZERO, || {});
     fsd.unmount();
 }
@@ -160,10 +158,7 @@ fn fsx_runs_50000_operations_with_direct_io_without_a_miscompare() {
     let _serial = heavy_test();
     let (seed, ops) = seed_and_ops();
     let memnode = MemnodeProc::start("256M");
-    let fsd = FsdMount::with_memnode(
-        &memnode,
-        &["--cache", "1M", "--block-size", "64K", "--direct-io"],
-    );
+    let fsd = FsdMount::with_memnode(&memnode, &[&cache_of("1M")[..], &["--direct-io"]].concat());
     run_fsx(&fsd, ops, seed, Duration::ZERO, || {});
     fsd.unmount();
 }
@@ -190,11 +185,11 @@ fn fsx_sees_no_miscompare_when_a_memnode_dies_under_two_replicas() {
             "--cache",
             "1M",
             "--block-size",
-            "64K",
+            BLOCK_SIZE,
             "--replicas",
             "2",
             "--dead-time",
-            "3",
+            DEAD_TIME,
             "--stats-file",
             stats.arg(),
         ],

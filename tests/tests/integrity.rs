@@ -4,6 +4,7 @@
 //! the right bytes from the other one and the bad copy is rewritten; with one the
 //! read fails with EIO, and fsd's statistics count the failure.
 
+use rmemfs_tests::config::{BLOCK, BLOCK_SIZE};
 use rmemfs_tests::procmem;
 use rmemfs_tests::{FsdMount, MemnodeProc, Pattern, StatsFile};
 use std::fs::File;
@@ -11,7 +12,6 @@ use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
 const CACHE: u64 = 1 << 20;
-const BLOCK: u64 = 64 << 10;
 const FILE: u64 = 2 << 20;
 /// The page of the file whose bytes are damaged.
 const AT: u64 = FILE / 2 + 3 * 4096;
@@ -45,7 +45,7 @@ fn args<'a>(stats: &'a StatsFile, replicas: &'a str, scrub_rate: &'a str) -> Vec
         "--cache",
         "1M",
         "--block-size",
-        "64K",
+        BLOCK_SIZE,
         "--replicas",
         replicas,
         "--scrub-rate",

@@ -5,15 +5,12 @@
 //! stopped answering; the namespace (kept by fsd) stays usable and fsd still
 //! unmounts cleanly.
 
+use rmemfs_tests::config::{BLOCK, DEAD_TIME, FAIL_LIMIT, OP_TIMEOUT};
 use rmemfs_tests::data::{timed_uncached_read, write_small};
 use rmemfs_tests::{
     assert_errno, describe, heavy_test, within, FsdMount, MemnodeProc, Pattern, Transport, MIB,
 };
 use std::collections::BTreeSet;
-use std::time::Duration;
-
-/// The bound on "fails instead of hanging" with `--op-timeout 2`.
-const FAIL_LIMIT: Duration = Duration::from_secs(30);
 
 fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| s.to_string()).collect()
@@ -53,7 +50,14 @@ fn file_data_lives_on_the_memnode_and_its_loss_gives_eio_not_a_hang() {
     let cache = 32 * MIB;
     let fsd = FsdMount::with_memnode(
         &memnode,
-        &["--cache", "32M", "--op-timeout", "2", "--dead-time", "3"],
+        &[
+            "--cache",
+            "32M",
+            "--op-timeout",
+            OP_TIMEOUT,
+            "--dead-time",
+            DEAD_TIME,
+        ],
     );
     std::fs::create_dir(fsd.join("dir")).expect("mkdir dir");
     write_small(&fsd.join("dir/small"), &[7u8; 4096]);
@@ -96,15 +100,15 @@ fn file_data_lives_on_the_memnode_and_its_loss_gives_eio_not_a_hang() {
 
     // None of the file is in fsd's cache now: its first block reads back from the
     // memnode while it is alive.
-    fsd.push_out_of_cache(cache, 64 << 10);
-    let (r, _) = timed_uncached_read(path.clone(), 0, 64 << 10, FAIL_LIMIT);
+    fsd.push_out_of_cache(cache, BLOCK);
+    let (r, _) = timed_uncached_read(path.clone(), 0, BLOCK as usize, FAIL_LIMIT);
     let data = r.expect("reading the first block while the memnode is alive");
-    rmemfs_tests::data::assert_bytes_eq(&pattern.bytes(0, 64 << 10), &data, 0, "first block");
+    rmemfs_tests::data::assert_bytes_eq(&pattern.bytes(0, BLOCK as usize), &data, 0, "first block");
 
     memnode.kill();
     println!("memnode killed");
-    for offset in [64 * MIB, 128 * MIB + (64 << 10)] {
-        let (r, took_now) = timed_uncached_read(path.clone(), offset, 64 << 10, FAIL_LIMIT);
+    for offset in [64 * MIB, 128 * MIB + BLOCK] {
+        let (r, took_now) = timed_uncached_read(path.clone(), offset, BLOCK as usize, FAIL_LIMIT);
         println!(
             "read at {offset} after the memnode died: {} in {took_now:?}",
             describe(&r)
@@ -136,7 +140,7 @@ fn a_frozen_memnode_gives_eio_after_the_unreachable_timeout_of_a_soft_mount() {
             "--cache",
             "8M",
             "--op-timeout",
-            "2",
+            OP_TIMEOUT,
             "--unreachable-timeout",
             "3",
         ],
@@ -147,11 +151,11 @@ fn a_frozen_memnode_gives_eio_after_the_unreachable_timeout_of_a_soft_mount() {
     let path = fsd.join("big");
     pattern.write_file(&path, len);
 
-    fsd.push_out_of_cache(8 * MIB, 64 << 10);
+    fsd.push_out_of_cache(8 * MIB, BLOCK);
 
     // SIGSTOP: connections stay open but nothing answers, so only fsd's timeout helps.
     memnode.freeze();
-    let (r, took) = timed_uncached_read(path.clone(), 0, 64 << 10, FAIL_LIMIT);
+    let (r, took) = timed_uncached_read(path.clone(), 0, BLOCK as usize, FAIL_LIMIT);
     println!("read from a frozen memnode: {} in {took:?}", describe(&r));
     assert_errno(
         r,

@@ -5,6 +5,7 @@
 //! serving.
 
 use rmemfs_tests::binaries::binary;
+use rmemfs_tests::config::BLOCK;
 use rmemfs_tests::exposition::{Exposition, Format};
 use rmemfs_tests::metrics::{exchange, scrape};
 use rmemfs_tests::{poll_until, FsdMount, MemnodeProc, Pattern, MIB};
@@ -65,7 +66,7 @@ fn counters_move_with_traffic_and_every_scrape_parses() {
     );
     assert_eq!(
         f0.get("rmemfs_cache_capacity_pages", &[]),
-        (CACHE / (64 << 10)) as f64
+        (CACHE / BLOCK) as f64
     );
     assert_eq!(
         m0.get("memnode_capacity_bytes", &[]),

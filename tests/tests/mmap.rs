@@ -8,8 +8,10 @@
 //! bytes below the size, as ext4 writes back only those; tmpfs, whose page cache is
 //! its storage, keeps them in the page and is not asserted on for that).
 
+use rmemfs_tests::config::cache_of;
 use rmemfs_tests::data::{assert_bytes_eq, create};
 use rmemfs_tests::kernel::{drop_page_cache, page_size, Mapping};
+use rmemfs_tests::tmpfs::on_tmpfs_and_small_cache_rmemfs;
 use rmemfs_tests::{heavy_test, FsdMount, MemnodeProc, Pattern, UncachedReader, MIB};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -18,7 +20,7 @@ use std::time::Instant;
 
 fn rmemfs(cache: &str) -> (FsdMount, MemnodeProc) {
     let memnode = MemnodeProc::start("256M");
-    let fsd = FsdMount::with_memnode(&memnode, &["--cache", cache, "--block-size", "64K"]);
+    let fsd = FsdMount::with_memnode(&memnode, &cache_of(cache));
     (fsd, memnode)
 }
 
@@ -34,21 +36,11 @@ fn read_all(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
 
-/// Runs `scenario` on a tmpfs and on rmemfs (a small cache), naming each.
-fn on_tmpfs_and_rmemfs(scenario: impl Fn(&Path, &str)) {
-    rmemfs_tests::tmpfs::on_tmpfs_and_rmemfs(
-        "64M",
-        "256M",
-        &["--cache", "2M", "--block-size", "64K"],
-        scenario,
-    );
-}
-
 #[test]
 fn shared_mapping_stores_reach_the_file_byte_exact() {
     let _serial = heavy_test();
     let pattern = Pattern::for_test("shared mapping");
-    on_tmpfs_and_rmemfs(|dir, fs| {
+    on_tmpfs_and_small_cache_rmemfs(|dir, fs| {
         let path = dir.join("shared");
         let len = 3 * MIB as usize + 123;
         let before = pattern.bytes(0, len);
@@ -98,7 +90,7 @@ fn shared_mapping_stores_reach_the_file_byte_exact() {
 fn private_mapping_stores_never_reach_the_file() {
     let _serial = heavy_test();
     let pattern = Pattern::for_test("private mapping");
-    on_tmpfs_and_rmemfs(|dir, fs| {
+    on_tmpfs_and_small_cache_rmemfs(|dir, fs| {
         let path = dir.join("private");
         let len = MIB as usize + 4097;
         let original = pattern.bytes(0, len);
@@ -140,7 +132,7 @@ fn private_mapping_stores_never_reach_the_file() {
 fn writes_through_a_descriptor_show_in_a_shared_mapping() {
     let _serial = heavy_test();
     let pattern = Pattern::for_test("write into a mapped file");
-    on_tmpfs_and_rmemfs(|dir, fs| {
+    on_tmpfs_and_small_cache_rmemfs(|dir, fs| {
         let path = dir.join("coherent");
         let len = 2 * MIB as usize;
         create(&path)
@@ -198,7 +190,7 @@ fn a_shared_mapping_far_larger_than_the_cache_round_trips() {
 fn stores_past_the_end_of_the_file_in_its_last_page_are_not_kept() {
     let _serial = heavy_test();
     let page = page_size();
-    on_tmpfs_and_rmemfs(|dir, fs| {
+    on_tmpfs_and_small_cache_rmemfs(|dir, fs| {
         let path = dir.join("tail");
         let len = 10_000usize; // ends inside the third 4 KiB page
         create(&path)

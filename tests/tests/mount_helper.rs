@@ -17,6 +17,7 @@
 
 use rmemfs_tests::binaries::find_on_path;
 use rmemfs_tests::command::{run_ok, run_within};
+use rmemfs_tests::config::NOBODY;
 use rmemfs_tests::helper::{self, fsd_serving, HelperMount, Via};
 use rmemfs_tests::{assert_errno, fresh_dir, FsdMount, MemnodeProc, TmpfsMount};
 use std::ffi::CString;
@@ -28,7 +29,6 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-const NOBODY: u32 = 65534;
 const LIMIT: Duration = Duration::from_secs(30);
 
 fn require_root() {

@@ -11,6 +11,7 @@
 //! Runs as root (scripts/test does): the unprivileged side is a child process that
 //! drops to nobody (65534).
 
+use rmemfs_tests::config::NOBODY;
 use rmemfs_tests::data::write_small;
 use rmemfs_tests::{FsdMount, MemnodeProc, StatsFile};
 use std::ffi::CString;
@@ -22,8 +23,6 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-
-const NOBODY: u32 = 65534;
 
 fn require_root() {
     // SAFETY: geteuid has no preconditions.

@@ -20,6 +20,7 @@
 
 use rmemfs_tests::binaries::{cargo, program};
 use rmemfs_tests::command::{run_ok, run_timed, run_within};
+use rmemfs_tests::config::cache_of;
 use rmemfs_tests::data::assert_bytes_eq;
 use rmemfs_tests::kernel::drop_page_cache;
 use rmemfs_tests::tree::{self, TreeSpec};
@@ -464,7 +465,7 @@ fn sqlite_transactions_and_a_rollback_leave_an_intact_database_on_the_mount() {
     let sqlite3 = program("sqlite3", "sqlite3");
     let local = Scratch::new("rmemfs-sqlite");
     let memnode = MemnodeProc::start("256M");
-    let fsd = FsdMount::with_memnode(&memnode, &["--cache", "1M", "--block-size", "64K"]);
+    let fsd = FsdMount::with_memnode(&memnode, &cache_of("1M"));
     for journal in ["delete", "wal"] {
         let t = Instant::now();
         let (out, dump) = sqlite_run(&sqlite3, fsd.path(), journal);

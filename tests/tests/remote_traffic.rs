@@ -4,6 +4,7 @@
 //! memory holds moves 4 KiB to it (one WRITE) and reads nothing. O_DIRECT keeps the
 //! kernel's page cache out of the way, so every request reaches fsd as it was made.
 
+use rmemfs_tests::config::{cache_of, BLOCK, BLOCK_SIZE};
 use rmemfs_tests::kernel::AlignedBuf;
 use rmemfs_tests::transport::Transport;
 use rmemfs_tests::{heavy_test, FsdMount, FsdStats, MemnodeProc, Pattern, StatsFile, MIB};
@@ -12,7 +13,6 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::time::Duration;
 
 const SECTOR: u64 = 4096;
-const BLOCK: u64 = 64 << 10;
 /// The file: 64 MiB, through a 4 MiB cache.
 const FILE: u64 = 64 * MIB;
 const CACHE: u64 = 4 * MIB;
@@ -62,7 +62,7 @@ fn mount_with_stats() -> (MemnodeProc, StatsFile, FsdMount) {
             "--cache",
             &CACHE.to_string(),
             "--block-size",
-            "64K",
+            BLOCK_SIZE,
             "--stats-file",
             stats.arg(),
         ],
@@ -213,7 +213,7 @@ fn fsd_memory_stays_within_its_cache_when_streams_give_way_to_random_reads() {
     let _serial = heavy_test();
     let memnode = MemnodeProc::start("512M");
     let cache = 64 * MIB;
-    let fsd = FsdMount::with_memnode(&memnode, &["--cache", "64M", "--block-size", "64K"]);
+    let fsd = FsdMount::with_memnode(&memnode, &cache_of("64M"));
     let path = fsd.join("f");
     let len = 256 * MIB;
     let pattern = Pattern::for_test("memory of streams and random reads");

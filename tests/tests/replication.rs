@@ -20,6 +20,7 @@
 
 use rmemfs_tests::binaries::program;
 use rmemfs_tests::command::command_line;
+use rmemfs_tests::config::{BLOCK, DEAD_TIME, FAIL_LIMIT, OP_TIMEOUT};
 use rmemfs_tests::data::{assert_bytes_eq, timed_uncached_read};
 use rmemfs_tests::{
     assert_errno, dir_names, fresh_dir, heavy_test, poll_until, within, FsdMount, FsdStats,
@@ -31,10 +32,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-/// fsd's block size (its default; the tests pass no `--block-size`).
-const BLOCK: u64 = 64 << 10;
-/// The bound on "fails instead of hanging" for one operation with `--op-timeout 2`.
-const FAIL_LIMIT: Duration = Duration::from_secs(30);
 /// How long fsd may take to mark a dead memnode down or to reconnect one that came
 /// back (it watches its connections and retries down memnodes about once a second).
 const DETECT_LIMIT: Duration = Duration::from_secs(30);
@@ -284,7 +281,7 @@ fn mount_two_replicas(nodes: &[MemnodeProc], args: &[&str]) -> (FsdMount, StatsF
         "--cache",
         "2M",
         "--dead-time",
-        "3",
+        DEAD_TIME,
         "--stats-file",
         stats.arg(),
     ];
@@ -356,9 +353,9 @@ fn two_replicas_on_three_memnodes_survive_losing_one_then_another() {
             "--cache",
             "16M",
             "--op-timeout",
-            "2",
+            OP_TIMEOUT,
             "--dead-time",
-            "3",
+            DEAD_TIME,
             "--stats-file",
             stats.arg(),
         ],
@@ -510,9 +507,9 @@ fn one_replica_losing_a_memnode_fails_exactly_its_blocks_with_eio_in_bounded_tim
             "--cache",
             "1M",
             "--op-timeout",
-            "2",
+            OP_TIMEOUT,
             "--dead-time",
-            "3",
+            DEAD_TIME,
             "--stats-file",
             stats.arg(),
         ],
@@ -815,7 +812,7 @@ fn two_replicas_fail_over_from_a_frozen_memnode() {
     let nodes: Vec<MemnodeProc> = (0..3)
         .map(|_| MemnodeProc::start_on(Transport::Tcp, "256M", &[]))
         .collect();
-    let (fsd, stats) = mount_two_replicas(&nodes, &["--op-timeout", "2"]);
+    let (fsd, stats) = mount_two_replicas(&nodes, &["--op-timeout", OP_TIMEOUT]);
     let len = 32 * MIB;
     let path = fsd.join("before");
     pattern.write_file(&path, len);

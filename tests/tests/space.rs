@@ -4,6 +4,7 @@
 //! here), so holes and data are found at block boundaries, as a local filesystem finds
 //! them at its own block or page boundaries.
 
+use rmemfs_tests::config::{BLOCK, SMALL_CACHE};
 use rmemfs_tests::data::{assert_bytes_eq, create};
 use rmemfs_tests::{assert_errno, describe, FsdMount, MemnodeProc, Pattern, MIB};
 use std::fs::{File, OpenOptions};
@@ -11,13 +12,11 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
 
-const BLOCK: u64 = 64 << 10;
-
 fn mount(memnode_size: &str) -> (FsdMount, MemnodeProc) {
     let memnode = MemnodeProc::start(memnode_size);
     let fsd = FsdMount::with_memnode(
         &memnode,
-        &["--cache", "2M", "--block-size", "64K", "--chunk-size", "1M"],
+        &[&SMALL_CACHE[..], &["--chunk-size", "1M"]].concat(),
     );
     (fsd, memnode)
 }

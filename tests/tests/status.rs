@@ -6,12 +6,12 @@
 //! block restored to two copies (exit 0). And it says plainly when there is no live
 //! rmemfs mount to report on (exit 2).
 
+use rmemfs_tests::config::{BLOCK, DEAD_TIME};
 use rmemfs_tests::status::{self, u64_at};
 use rmemfs_tests::{FsdMount, MemnodeProc, Pattern, MIB};
 use serde_json::Value;
 use std::time::Duration;
 
-const BLOCK: u64 = 64 << 10;
 const FILES: u64 = 3;
 const FILE: u64 = MIB;
 /// Blocks the files take (whole blocks, one file after another).
@@ -36,7 +36,7 @@ fn status_shows_memnodes_copies_and_a_memnode_lost_and_restored() {
             "--chunk-size",
             "4M",
             "--dead-time",
-            "3",
+            DEAD_TIME,
         ],
     );
     let mount = fsd.path().to_path_buf();

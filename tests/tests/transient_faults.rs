@@ -8,14 +8,12 @@
 //! ([`FaultProxy`], tcp only: it forwards TCP streams); a stall is a SIGSTOP of the
 //! memnode for longer than fsd's op timeout, which runs on both fabrics.
 
+use rmemfs_tests::config::OP_TIMEOUT;
 use rmemfs_tests::fault_proxy::FaultProxy;
 use rmemfs_tests::{heavy_test, volume, within, FsdMount, MemnodeProc, Pattern, StatsFile, MIB};
 use std::path::Path;
 use std::time::Duration;
 
-/// fsd's op timeout in these tests: a stall longer than this makes the memnode
-/// unreachable.
-const OP_TIMEOUT: &str = "2";
 /// How long a test waits for anything that should happen in a few seconds.
 const LIMIT: Duration = Duration::from_secs(120);
 const CACHE: u64 = 16 * MIB;

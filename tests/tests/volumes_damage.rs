@@ -14,6 +14,7 @@
 //!   to replay). With two copies on two memnodes, one damaged copy changes nothing a
 //!   user sees. Every case runs; the test fails listing each case that failed.
 
+use rmemfs_tests::config::{BLOCK, DEAD_TIME, OP_TIMEOUT};
 use rmemfs_tests::fileset::FileSet;
 use rmemfs_tests::volume::{self, MetadataCopy};
 use rmemfs_tests::{
@@ -21,8 +22,6 @@ use rmemfs_tests::{
 };
 use std::time::{Duration, Instant};
 
-/// fsd's default block size (the tests pass no `--block-size`).
-const BLOCK: u64 = 64 << 10;
 /// How long re-replication of a few MiB may take.
 const REREPLICATION_LIMIT: Duration = Duration::from_secs(120);
 
@@ -40,10 +39,10 @@ fn memnode_lost_while_fsd_is_down() {
         "--cache",
         "2M",
         "--op-timeout",
-        "2",
+        OP_TIMEOUT,
         // The memnodes killed here are lost, not away for a moment: 3 s, not 10 min.
         "--dead-time",
-        "3",
+        DEAD_TIME,
         "--stats-file",
         stats.arg(),
     ];

@@ -11,6 +11,7 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rmemfs_tests::config::cache_of;
 use rmemfs_tests::data::{assert_bytes_eq, UncachedReader};
 use rmemfs_tests::kernel::Mapping;
 use rmemfs_tests::{heavy_test, volume, FsdMount, MemnodeProc, MIB};
@@ -276,7 +277,7 @@ fn fsx_across_remounts() {
     );
     let mut rng = StdRng::seed_from_u64(seed);
     let memnode = MemnodeProc::start("256M");
-    let args = ["--volume", "fsx", "--cache", "1M", "--block-size", "64K"];
+    let args = [&["--volume", "fsx"][..], &cache_of("1M")].concat();
     let mut model = Model { data: Vec::new() };
     let mut log = Vec::new();
     let mut fsd = FsdMount::with_memnode(&memnode, &args);

@@ -5,6 +5,7 @@
 //! not seen. (A full remote memory in this mode: full_remote_memory.rs. fsx, pjdfstest
 //! and the real programs run on such a mount in scripts/conformance.)
 
+use rmemfs_tests::config::SMALL_CACHE;
 use rmemfs_tests::data::create;
 use rmemfs_tests::kernel::drop_page_cache;
 use rmemfs_tests::{heavy_test, FsdMount, FsdStats, MemnodeProc, Pattern, StatsFile, MIB};
@@ -16,18 +17,9 @@ use std::time::Duration;
 const WRITE: usize = 4096;
 
 fn mount(memnode: &MemnodeProc, stats: &StatsFile) -> FsdMount {
-    FsdMount::with_memnode(
-        memnode,
-        &[
-            "--cache",
-            "2M",
-            "--block-size",
-            "64K",
-            "--stats-file",
-            stats.arg(),
-            "--writeback-cache",
-        ],
-    )
+    let mut args = SMALL_CACHE.to_vec();
+    args.extend(["--stats-file", stats.arg(), "--writeback-cache"]);
+    FsdMount::with_memnode(memnode, &args)
 }
 
 #[test]

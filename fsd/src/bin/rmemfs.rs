@@ -16,6 +16,7 @@ use fsd::volume::admin::{self, FsckReport};
 use rmemfs_common::control::{self, random_id};
 use rmemfs_common::fabric::{self, Endpoint, Transport};
 use rmemfs_common::size::{format_size, parse_size};
+use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -155,18 +156,62 @@ fn connect(r: &Remote, memnode: &str) -> anyhow::Result<Box<dyn Endpoint>> {
     Ok(ep)
 }
 
-fn json_string(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
+/// One volume of `volume list --json`: a JSON array of these, one per volume per
+/// memnode.
+#[derive(Serialize)]
+struct VolumeRow<'a> {
+    memnode: &'a str,
+    name: String,
+    id: u64,
+    bytes: u64,
+    chunks: u32,
+    holder: u64,
+}
+
+/// `fsck --json`: one object (tests/src/volume.rs reads it).
+#[derive(Serialize)]
+struct FsckJson<'a> {
+    generation: u64,
+    log_entries: usize,
+    inodes: usize,
+    orphans: usize,
+    lost_blocks: usize,
+    inconsistencies: usize,
+    leaked_chunks: usize,
+    leaked_bytes: u64,
+    problems: &'a [String],
+    metadata: Vec<MetadataJson<'a>>,
+    /// `null` when every memnode answered.
+    missing: Option<&'a str>,
+}
+
+/// One memnode's copy of the metadata in `fsck --json`.
+#[derive(Serialize)]
+struct MetadataJson<'a> {
+    memnode: &'a str,
+    superblock: Area,
+    checkpoint: Option<Area>,
+    log: Option<Area>,
+    problem: Option<&'a str>,
+}
+
+/// An area of a memnode's memory: `{"addr":A,"len":L}`.
+#[derive(Serialize)]
+struct Area {
+    addr: u64,
+    len: u64,
+}
+
+impl Area {
+    fn of((addr, len): (u64, u64)) -> Area {
+        Area { addr, len }
     }
-    out.push('"');
-    out
+}
+
+/// `value` as one line of compact JSON.
+fn json_line(value: &impl Serialize) -> String {
+    // Strings, integers, options and arrays of them: serializing cannot fail.
+    serde_json::to_string(value).unwrap_or_default()
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -182,21 +227,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
             if json {
-                let items: Vec<String> = rows
+                let items: Vec<VolumeRow> = rows
                     .iter()
-                    .map(|(m, v)| {
-                        format!(
-                            "{{\"memnode\":{},\"name\":{},\"id\":{},\"bytes\":{},\"chunks\":{},\"holder\":{}}}",
-                            json_string(m),
-                            json_string(&String::from_utf8_lossy(&v.name)),
-                            v.volume_id,
-                            v.bytes,
-                            v.chunks,
-                            v.holder
-                        )
+                    .map(|(m, v)| VolumeRow {
+                        memnode: m,
+                        name: String::from_utf8_lossy(&v.name).into_owned(),
+                        id: v.volume_id,
+                        bytes: v.bytes,
+                        chunks: v.chunks,
+                        holder: v.holder,
                     })
                     .collect();
-                println!("[{}]", items.join(","));
+                println!("{}", json_line(&items));
             } else {
                 println!(
                     "{:<24} {:<18} {:>10} {:>7} {:<18} MEMNODE",
@@ -418,37 +460,86 @@ fn print_lines(r: &FsckReport) {
 }
 
 fn print_json(r: &FsckReport) {
-    let area = |a: Option<(u64, u64)>| match a {
-        Some((addr, len)) => format!("{{\"addr\":{addr},\"len\":{len}}}"),
-        None => "null".into(),
-    };
-    let metadata: Vec<String> = r
+    println!("{}", fsck_json(r));
+}
+
+fn fsck_json(r: &FsckReport) -> String {
+    let metadata = r
         .metadata
         .iter()
-        .map(|m| {
-            format!(
-                "{{\"memnode\":{},\"superblock\":{},\"checkpoint\":{},\"log\":{},\"problem\":{}}}",
-                json_string(&m.memnode),
-                area(Some(m.superblock)),
-                area(m.checkpoint),
-                area(m.log),
-                m.problem.as_deref().map_or("null".into(), json_string)
-            )
+        .map(|m| MetadataJson {
+            memnode: &m.memnode,
+            superblock: Area::of(m.superblock),
+            checkpoint: m.checkpoint.map(Area::of),
+            log: m.log.map(Area::of),
+            problem: m.problem.as_deref(),
         })
         .collect();
-    let problems: Vec<String> = r.problems.iter().map(|p| json_string(p)).collect();
-    println!(
-        "{{\"generation\":{},\"log_entries\":{},\"inodes\":{},\"orphans\":{},\"lost_blocks\":{},\"inconsistencies\":{},\"leaked_chunks\":{},\"leaked_bytes\":{},\"problems\":[{}],\"metadata\":[{}],\"missing\":{}}}",
-        r.generation,
-        r.log_entries,
-        r.inodes,
-        r.orphans,
-        r.lost_blocks,
-        r.problems.len(),
-        r.leaked_chunks,
-        r.leaked_bytes,
-        problems.join(","),
-        metadata.join(","),
-        r.missing.as_deref().map_or("null".into(), json_string)
-    );
+    json_line(&FsckJson {
+        generation: r.generation,
+        log_entries: r.log_entries,
+        inodes: r.inodes,
+        orphans: r.orphans,
+        lost_blocks: r.lost_blocks,
+        inconsistencies: r.problems.len(),
+        leaked_chunks: r.leaked_chunks,
+        leaked_bytes: r.leaked_bytes,
+        problems: &r.problems,
+        metadata,
+        missing: r.missing.as_deref(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fsd::volume::admin::MetadataPlace;
+
+    #[test]
+    fn volume_rows_are_the_compact_json_array_scripts_read() {
+        let rows = [VolumeRow {
+            memnode: "127.0.0.1:7000",
+            name: "v \"1\"\\\n".into(),
+            id: 17,
+            bytes: 1 << 20,
+            chunks: 2,
+            holder: 0,
+        }];
+        assert_eq!(
+            json_line(&rows),
+            r#"[{"memnode":"127.0.0.1:7000","name":"v \"1\"\\\n","id":17,"bytes":1048576,"chunks":2,"holder":0}]"#
+        );
+    }
+
+    #[test]
+    fn fsck_json_names_every_figure_and_nulls_what_is_absent() {
+        let report = FsckReport {
+            generation: 9,
+            inodes: 4,
+            log_entries: 3,
+            orphans: 1,
+            problems: vec!["inode 5: block 2 lost".into()],
+            leaked_chunks: 2,
+            leaked_bytes: 4096,
+            lost_blocks: 1,
+            metadata: vec![MetadataPlace {
+                memnode: "m0".into(),
+                superblock: (4096, 64),
+                checkpoint: Some((8192, 128)),
+                log: None,
+                problem: None,
+            }],
+            missing: None,
+        };
+        assert_eq!(
+            fsck_json(&report),
+            concat!(
+                r#"{"generation":9,"log_entries":3,"inodes":4,"orphans":1,"lost_blocks":1,"#,
+                r#""inconsistencies":1,"leaked_chunks":2,"leaked_bytes":4096,"#,
+                r#""problems":["inode 5: block 2 lost"],"metadata":[{"memnode":"m0","#,
+                r#""superblock":{"addr":4096,"len":64},"checkpoint":{"addr":8192,"len":128},"#,
+                r#""log":null,"problem":null}],"missing":null}"#
+            )
+        );
+    }
 }
