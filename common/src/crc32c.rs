@@ -7,11 +7,13 @@
 use crc_fast::{CrcAlgorithm, Digest};
 
 /// The CRC-32C of `bytes`.
+#[inline]
 pub fn crc32c(bytes: &[u8]) -> u32 {
     crc_fast::checksum(CrcAlgorithm::Crc32Iscsi, bytes) as u32
 }
 
 /// The CRC-32C of the concatenation of `parts`, without copying them together.
+#[inline]
 pub fn crc32c_of(parts: &[&[u8]]) -> u32 {
     let mut d = Digest::new(CrcAlgorithm::Crc32Iscsi);
     for p in parts {

@@ -25,11 +25,13 @@ pub struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    #[inline]
     pub fn new(buf: &'a [u8]) -> Reader<'a> {
         Reader { buf, pos: 0 }
     }
 
     /// The next `n` bytes.
+    #[inline]
     pub fn take(&mut self, n: usize) -> Result<&'a [u8], Truncated> {
         match self.pos.checked_add(n).filter(|&e| e <= self.buf.len()) {
             Some(end) => {
@@ -45,43 +47,52 @@ impl<'a> Reader<'a> {
     }
 
     /// The next `N` bytes, as an array.
+    #[inline]
     pub fn array<const N: usize>(&mut self) -> Result<[u8; N], Truncated> {
         let mut a = [0u8; N];
         a.copy_from_slice(self.take(N)?);
         Ok(a)
     }
 
+    #[inline]
     pub fn u8(&mut self) -> Result<u8, Truncated> {
         Ok(self.take(1)?[0])
     }
 
+    #[inline]
     pub fn u16(&mut self) -> Result<u16, Truncated> {
         self.array().map(u16::from_le_bytes)
     }
 
+    #[inline]
     pub fn u32(&mut self) -> Result<u32, Truncated> {
         self.array().map(u32::from_le_bytes)
     }
 
+    #[inline]
     pub fn u64(&mut self) -> Result<u64, Truncated> {
         self.array().map(u64::from_le_bytes)
     }
 
     /// How many bytes were read.
+    #[inline]
     pub fn position(&self) -> usize {
         self.pos
     }
 
     /// How many bytes are left.
+    #[inline]
     pub fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
 
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.remaining() == 0
     }
 
     /// The whole buffer read from.
+    #[inline]
     pub fn len(&self) -> usize {
         self.buf.len()
     }
@@ -110,15 +121,18 @@ macro_rules! field {
 field!(u8, u16, u32, u64);
 
 impl<T: Field> Field for &T {
+    #[inline]
     fn put(self, out: &mut Vec<u8>) {
         (*self).put(out);
     }
+    #[inline]
     fn put_into(self, out: &mut [u8]) {
         (*self).put_into(out);
     }
 }
 
 /// Appends `v` to `out` as little-endian bytes.
+#[inline]
 pub fn put<T: Field>(out: &mut Vec<u8>, v: T) {
     v.put(out);
 }
@@ -126,11 +140,13 @@ pub fn put<T: Field>(out: &mut Vec<u8>, v: T) {
 /// Writes `v` at offset `at` of a fixed-size header `b`: for headers built on the data
 /// path without allocating. The offsets are the format's constants, so one past the
 /// end is a bug in rmemfs, and panics.
+#[inline]
 pub fn put_at<T: Field>(b: &mut [u8], at: usize, v: T) {
     v.put_into(&mut b[at..]);
 }
 
 /// The `u16` at `at`, or None when it runs past the end.
+#[inline]
 pub fn u16_at(b: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_le_bytes(
         b.get(at..at.checked_add(2)?)?.try_into().ok()?,
@@ -138,6 +154,7 @@ pub fn u16_at(b: &[u8], at: usize) -> Option<u16> {
 }
 
 /// The `u32` at `at`, or None when it runs past the end.
+#[inline]
 pub fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(
         b.get(at..at.checked_add(4)?)?.try_into().ok()?,
@@ -145,6 +162,7 @@ pub fn u32_at(b: &[u8], at: usize) -> Option<u32> {
 }
 
 /// The `u64` at `at`, or None when it runs past the end.
+#[inline]
 pub fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(
         b.get(at..at.checked_add(8)?)?.try_into().ok()?,

@@ -13,26 +13,31 @@ use std::sync::{PoisonError, WaitTimeoutResult};
 use std::time::Duration;
 
 /// Locks `m`, ignoring poisoning (see the module's comment for why that is sound).
+#[inline]
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Takes `l` to read, ignoring poisoning.
+#[inline]
 pub fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Takes `l` to write, ignoring poisoning.
+#[inline]
 pub fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Waits on `cv` with `g`, ignoring poisoning.
+#[inline]
 pub fn wait<'a, T>(cv: &Condvar, g: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
     cv.wait(g).unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Waits on `cv` with `g` while `condition` holds, for at most `d`, ignoring poisoning.
+#[inline]
 pub fn wait_timeout_while<'a, T, F: FnMut(&mut T) -> bool>(
     cv: &Condvar,
     g: MutexGuard<'a, T>,
@@ -44,11 +49,13 @@ pub fn wait_timeout_while<'a, T, F: FnMut(&mut T) -> bool>(
 }
 
 /// The data of a mutex held exclusively (`&mut`), ignoring poisoning.
+#[inline]
 pub fn get_mut<T>(m: &mut Mutex<T>) -> &mut T {
     m.get_mut().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Waits on `cv` with `g` for at most `d`, ignoring poisoning.
+#[inline]
 pub fn wait_timeout<'a, T>(
     cv: &Condvar,
     g: MutexGuard<'a, T>,

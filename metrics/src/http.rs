@@ -138,7 +138,7 @@ fn accept_loop(listener: &TcpListener, queue: &SyncSender<TcpStream>, stop: &Ato
 
 fn work(queue: &Mutex<Receiver<TcpStream>>, registry: &Registry) {
     loop {
-        let next = lock(&queue).recv();
+        let next = lock(queue).recv();
         let Ok(stream) = next else { return };
         if let Err(e) = serve(stream, registry) {
             log::debug!("metrics: {e}");

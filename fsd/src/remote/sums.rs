@@ -16,7 +16,7 @@ use super::PAGE;
 /// page here against 21 GB/s for the crc32 instruction alone (the `crc32c` crate),
 /// and every byte fsd reads or writes back goes through it.
 pub fn page_sum(page: &[u8]) -> u32 {
-    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, page) as u32
+    rmemfs_common::crc32c::crc32c(page)
 }
 
 const P: usize = PAGE as usize;

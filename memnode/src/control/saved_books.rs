@@ -114,7 +114,7 @@ impl ControlService {
     /// Saves the books to the memory file, if there is one.
     pub(super) fn save(&self) {
         let Some(store) = &self.store else { return };
-        let mut file = lock(&store);
+        let mut file = lock(store);
         let mut books = self.books();
         match file.save(&mut books) {
             Ok(()) => self.books_full.store(file.nearly_full(), Ordering::Relaxed),
