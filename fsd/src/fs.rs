@@ -40,8 +40,8 @@ pub const MAX_FILE_SIZE: u64 = 1 << 52;
 
 /// How far ahead of a sequential reader blocks are loaded (at most a quarter of the
 /// cache). Four 1 MiB requests' worth: with only the next request's worth queued, a
-/// stream waited on each load as it finished, checksum included (2.5 against 3.0
-/// GB/s here; docs/benchmarks-history.md, "Page checksums: what they cost").
+/// stream waited on each load as it finished, checksum included
+/// (docs/benchmarks-history.md, "Prefetch: three threads and 4 MiB of read-ahead").
 const READAHEAD_BYTES: u64 = 4 << 20;
 
 /// Who is asking (from the FUSE request).
@@ -103,7 +103,8 @@ pub struct FsStats {
 ///
 /// Every request of every thread bumps these: aligned to a cache-line pair of their own
 /// so that they share no line with locks that threads take on the same requests (a
-/// field added beside them once cost small-file writes 20%).
+/// field added beside them once slowed small-file creates markedly:
+/// docs/benchmarks-history.md, "Counters on a cache-line pair of their own").
 #[derive(Debug, Default)]
 #[repr(align(128))]
 pub struct FileCounters {
