@@ -1,5 +1,5 @@
 //! The filesystem core: POSIX operations over the namespace, the page cache and
-//! remote memory. Knows nothing of FUSE (see `fuse.rs` for the adapter), so it is
+//! remote memory. Knows nothing of FUSE (see `fuse/adapter.rs` for the adapter), so it is
 //! tested directly.
 //!
 //! Data path invariants:
@@ -168,7 +168,7 @@ impl RmemFs {
         RmemFs::with_namespace(remote, cache_bytes, ns, None)
     }
 
-    /// The filesystem of a mounted durable volume (see `volume.rs`).
+    /// The filesystem of a mounted durable volume (see `volume/mod.rs`).
     pub fn on_volume(
         remote: Arc<RemoteStore>,
         cache_bytes: u64,

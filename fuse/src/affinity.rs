@@ -1,8 +1,8 @@
 //! Which CPU a thread is pinned to, for the code that picks resources by CPU.
 //!
-//! The FUSE ring's serving threads are pinned to their queue's CPU (`ring.rs`);
+//! The FUSE ring's serving threads are pinned to their queue's CPU (`ring/serve.rs`);
 //! fsd's remote store then gives each CPU connections of its own
-//! (`fsd/src/remote/node.rs`, through fsd's re-export `fsd::affinity`, so both ask
+//! (`fsd/src/remote/link.rs`, through fsd's re-export `fsd::affinity`, so both ask
 //! the same thread-local). Other threads are not pinned and take any connection.
 //!
 //! Here rather than beside the CPU count in `rmemfs-common` (`cpus.rs`): that crate
