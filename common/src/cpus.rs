@@ -4,7 +4,7 @@
 //! Threads pinned with [`pin_current_thread`] remember their CPU ([`pinned_cpu`]) for
 //! the code that picks resources by CPU: the FUSE ring's serving threads are pinned
 //! to their queue's CPU (`fuse/src/ring/serve.rs`), and fsd's remote store then gives
-//! each CPU connections of its own (`fsd/src/remote/node.rs`). Other threads are not
+//! each CPU connections of its own (`fsd/src/remote/link.rs`). Other threads are not
 //! pinned and take any connection. The tcp fabric's memnode threads follow their
 //! connection's packets with [`CpuSet`] (`fabric/tcp/placement.rs`).
 //!

@@ -1,5 +1,5 @@
 //! The filesystem core: POSIX operations over the namespace, the page cache and
-//! remote memory. Knows nothing of FUSE (see `fuse.rs` for the adapter), so it is
+//! remote memory. Knows nothing of FUSE (see `fuse/adapter.rs` for the adapter), so it is
 //! tested directly.
 //!
 //! Data path invariants:
@@ -40,8 +40,8 @@ pub const MAX_FILE_SIZE: u64 = 1 << 52;
 
 /// How far ahead of a sequential reader blocks are loaded (at most a quarter of the
 /// cache). Four 1 MiB requests' worth: with only the next request's worth queued, a
-/// stream waited on each load as it finished, checksum included (2.5 against 3.0
-/// GB/s here; docs/benchmarks-history.md, "Page checksums: what they cost").
+/// stream waited on each load as it finished, checksum included
+/// (docs/benchmarks-history.md, "Prefetch: three threads and 4 MiB of read-ahead").
 const READAHEAD_BYTES: u64 = 4 << 20;
 
 /// Who is asking (from the FUSE request).
@@ -103,7 +103,8 @@ pub struct FsStats {
 ///
 /// Every request of every thread bumps these: aligned to a cache-line pair of their own
 /// so that they share no line with locks that threads take on the same requests (a
-/// field added beside them once cost small-file writes 20%).
+/// field added beside them once slowed small-file creates markedly:
+/// docs/benchmarks-history.md, "Counters on a cache-line pair of their own").
 #[derive(Debug, Default)]
 #[repr(align(128))]
 pub struct FileCounters {
@@ -167,7 +168,7 @@ impl RmemFs {
         RmemFs::with_namespace(remote, cache_bytes, ns, None)
     }
 
-    /// The filesystem of a mounted durable volume (see `volume.rs`).
+    /// The filesystem of a mounted durable volume (see `volume/mod.rs`).
     pub fn on_volume(
         remote: Arc<RemoteStore>,
         cache_bytes: u64,

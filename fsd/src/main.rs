@@ -5,9 +5,8 @@ use fsd::daemon::{run, Options};
 
 /// mimalloc rather than glibc's malloc: a 4 KiB read that misses the cache makes a
 /// few dozen small short-lived allocations (the cache's, the remote store's and the
-/// fabric's batches), which glibc's allocator spent about 5% of fsd's time on. Four
-/// fio jobs of such reads, pinned two per CPU (2 cores, 8 runs each): median 58.5k
-/// IOPS with glibc's, 61.0k with mimalloc.
+/// fabric's batches), on which glibc's allocator spent a measurable share of fsd's
+/// time and mimalloc spends less (docs/benchmarks-history.md, "mimalloc for fsd").
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

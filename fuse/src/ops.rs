@@ -185,7 +185,7 @@ pub trait FuseOps: Send + Sync + 'static {
         0
     }
     /// Whether [`FuseOps::read_together`] gains from reads that come together, so
-    /// that a transport should give them a chance to (see `ring.rs`, `Company`).
+    /// that a transport should give them a chance to (see `ring/company.rs`, `Company`).
     fn gathers_reads(&self) -> bool {
         false
     }

@@ -17,15 +17,15 @@
 //! requests that came together are read together, what they miss loaded in one
 //! batch ([`FuseOps::read_together`](crate::FuseOps::read_together)). Several
 //! threads per queue let requests that wait on remote memory overlap. Each is pinned
-//! to its queue's CPU,
-//! the CPU of the tasks whose requests it serves: fsd then served more on every job
-//! measured (2 cores: 1 MiB reads 2.9 against 2.4-2.6 GB/s, 4 KiB random reads by 4
-//! readers 47-49k against 36-42k, random writes 74-78k against 44-69k per second).
-//! A server that does no I/O of its own pays for it with one reader: nullfs, pinned,
-//! serves 33-36k random 4 KiB reads against 53-60k unpinned, as reader and server
-//! then take turns on one CPU (its 1 MiB streams gain, 6.5-7.2 against 4.5-4.9 GB/s). The rings and buffers are made
-//! before mounting: the kernel holds every request of a connection that negotiated
-//! io_uring until the ring is ready, so fsd must not promise a ring it cannot build.
+//! to its queue's CPU, the CPU of the tasks whose requests it serves: its wakeups
+//! stay on that CPU, and fsd, pinned, served more on every job measured. A server
+//! that does no I/O of its own (nullfs) pays for it with one reader, as reader and
+//! server then take turns on one CPU, while its streams gain
+//! (docs/benchmarks-history.md, "Ring threads pinned to their queue's CPU").
+//!
+//! The rings and buffers are made before mounting: the kernel holds every request of
+//! a connection that negotiated io_uring until the ring is ready, so fsd must not
+//! promise a ring it cannot build.
 //!
 //! Teardown: unmount (or fsd's exit) aborts the connection; the kernel completes
 //! every registered entry with ENOTCONN, a commit after that fails the same way, and
@@ -60,10 +60,10 @@ pub static RING_REQUESTS: AtomicU64 = AtomicU64::new(0);
 /// that comes while it is busy as soon as it is done (COMMIT_AND_FETCH hands it
 /// over at once), where a second thread would be woken for it: a sleep and a
 /// wakeup per request saved, which is what the CPUs of a loaded host run short of.
-/// On 2 cores, more readers than CPUs missing the cache ran 19-63% faster so (see
-/// docs/reference.md, "FUSE transports"), as libfuse serves the ring too. The
-/// price: a request that waits long holds up the others of its CPU's tasks until
-/// it is answered (`--ring-threads` gives more).
+/// More readers than CPUs missing the cache are served faster so
+/// (docs/benchmarks-history.md, "One serving thread per ring queue"), as libfuse
+/// serves the ring too. The price: a request that waits long holds up the others of
+/// its CPU's tasks until it is answered (`--ring-threads` gives more).
 pub const DEFAULT_THREADS_PER_QUEUE: usize = 1;
 
 /// Which transport serves a mount (`--fuse-transport`).

@@ -5,8 +5,9 @@
 //! prometheus-client's own `Histogram` takes a mutex per observation, which fsd's
 //! request threads would contend on at every FUSE request and remote operation;
 //! this one only shares cache lines, and [`LatencyHistogram`] is aligned to 128
-//! bytes so two histograms never share one (a counter that moved onto a shared line
-//! once cost fsd's small writes 20%).
+//! bytes so two histograms never share one (counters that moved onto a shared line
+//! once slowed fsd's small-file creates markedly: docs/benchmarks-history.md,
+//! "Counters on a cache-line pair of their own").
 //!
 //! Buckets are fixed, 1-2.5-5 steps from 5 µs to 10 s: wide enough for a loopback
 //! round trip and for a request stuck behind `--op-timeout`. The count is not kept

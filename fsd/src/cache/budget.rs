@@ -45,8 +45,9 @@ impl PageCache {
     /// memory is given back in batches of at least that much. While the cache turns
     /// from blocks to sectors (a stream, then random reads), each sector that comes
     /// takes new memory while the blocks it replaces free theirs; the cleaner alone
-    /// gives that back too late, at 200 ms intervals: fsd with a 128 MiB cache
-    /// peaked at 293 MiB in the bench.
+    /// gives that back too late, at its idle intervals, and fsd's peak RSS ran far
+    /// past `--cache` (docs/benchmarks-history.md, "Memory given back by the request
+    /// that passes the limit").
     pub(super) fn resident_limit(&self) -> usize {
         self.budget + 2 * kept_free_bytes(self.budget, self.sectors.block_len())
     }

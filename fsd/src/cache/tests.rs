@@ -1,5 +1,5 @@
-//! Unit tests of the page cache, against an in-memory backing that counts what it
-//! loads and stores. The backing and the helpers that read and write through the
+//! Unit tests of the page cache, against an in-memory [`RemoteIo`] that counts what
+//! it loads and stores. It and the helpers that read and write through the
 //! cache as the filesystem does are here; the tests are in `tests/`, by subject.
 
 mod blocks;
@@ -15,7 +15,7 @@ use std::sync::atomic::AtomicUsize;
 
 const BS: usize = 16;
 
-/// An in-memory backing that counts loads and stores.
+/// An in-memory [`RemoteIo`] that counts loads and stores.
 #[derive(Default)]
 struct MemRemote {
     blocks: Mutex<HashMap<PageKey, Vec<u8>>>,

@@ -27,9 +27,9 @@ const CLEANER_IDLE_WAIT: Duration = Duration::from_millis(200);
 const PREFETCH_IDLE_WAIT: Duration = Duration::from_millis(200);
 /// Prefetch threads: each waits for its own remote reads, so this many loads of a
 /// stream are in flight at once (on different connections). One alone left the
-/// CPUs idle a quarter of a sequential read, waiting on round trips; three cut
-/// that idle time and read 6-21% faster by median in interleaved runs (tcp, 2
-/// cores, 64 KiB blocks).
+/// CPUs idle for part of a sequential read, waiting on round trips; three keep
+/// the loads coming (docs/benchmarks-history.md, "Prefetch: three threads and 4 MiB
+/// of read-ahead").
 const PREFETCH_THREADS: usize = 3;
 
 /// Blocks SIGINT and SIGTERM and returns a flag set when one arrives (and a way to

@@ -1,7 +1,7 @@
 //! fsd's answers to FUSE requests: each calls the core ([`RmemFs`]) and maps its
 //! error with [`errno`], whichever transport carried the request. Each handler
-//! starts with a timer of its kind of request (`timing.rs`): an `Instant::now()` at
-//! each end and two atomic additions.
+//! starts with a timer of its kind of request (`timing`, rmemfs-fuse's
+//! `fuse/src/timing.rs`): an `Instant::now()` at each end and two atomic additions.
 
 use super::ops::{
     xattr_answer, CopyRange, DirSink, FuseOps, Opened, ReadTogether, Req, SetAttrIn, Statfs, Xattr,

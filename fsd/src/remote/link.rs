@@ -200,25 +200,21 @@ impl Link {
 /// that just served a connection polls that connection for its next request (as fsd's
 /// caller polls for its completion), and only one or two of them poll at a time on a
 /// small host. Round-robin sent a lone reader's next request to another connection,
-/// whose thread was asleep: a wakeup per request (about 35 µs on the 2-core VMs
-/// measured), while the polling thread spent a CPU on a connection that stayed
-/// silent. With the lowest idle one, a lone stream stays on connection 0 and k
-/// concurrent callers on the first k, whose threads are awake. One-job O_DIRECT 4 KiB
-/// random reads went from 13-19k to 23-29k IOPS in 4 interleaved pairs (buffered:
-/// 14-56k to 63-132k in 3); sequential jobs and random writes were within noise.
+/// whose thread was asleep: a wakeup per request, while the polling thread spent a
+/// CPU on a connection that stayed silent. With the lowest idle one, a lone stream
+/// stays on connection 0 and k concurrent callers on the first k, whose threads are
+/// awake (docs/benchmarks-history.md, "Which connection a call takes").
 ///
 /// Why a CPU's own connections for pinned callers: the memnode thread of such a
 /// connection is then woken from one CPU only, and the scheduler keeps it there,
 /// taking turns with the caller without a wakeup across CPUs (a costly interrupt
 /// in a VM). Shared by both CPUs' ring threads, connection 0's thread was woken
-/// from either. 4 fio jobs of 4 KiB random reads over the ring (2 cores, 4
-/// connections, 15 interleaved runs each): median 42.2k IOPS with the lowest idle
-/// one, 46.2k with the CPU's own (runs reached 61k against 48k); one job stayed at
-/// 33-38k. Giving each ring thread a connection of its own, whatever its CPU, gave
-/// no gain (46.0k against 45.6k in 6).
+/// from either. A connection of its own for each ring thread, whatever its CPU,
+/// gained nothing over this.
 /// The /dev/fuse loop's threads are not pinned, and a lone reader's requests come to
-/// them in turn: they keep the lowest idle one (a connection per thread there took a
-/// lone reader from 26-29k to 18k).
+/// them in turn: they keep the lowest idle one (a connection per thread there served
+/// a lone reader worse). Figures for both: docs/benchmarks-history.md, "Which
+/// connection a call takes".
 /// Verbs has no server threads; there the choice changes nothing.
 fn choose(
     n: usize,

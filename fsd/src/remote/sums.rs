@@ -12,9 +12,10 @@
 use super::PAGE;
 
 /// crc32c of one page of `data` (a whole page, or the end of `data`). crc-fast folds
-/// with carry-less multiplies (VPCLMULQDQ where the CPU has it): 45 GB/s on a 4 KiB
-/// page here against 21 GB/s for the crc32 instruction alone (the `crc32c` crate),
-/// and every byte fsd reads or writes back goes through it.
+/// with carry-less multiplies (VPCLMULQDQ where the CPU has it), about twice as fast
+/// as the crc32 instruction alone (the `crc32c` crate), and every byte fsd reads or
+/// writes back goes through it (docs/benchmarks-history.md, "Page checksums: what
+/// they cost").
 pub fn page_sum(page: &[u8]) -> u32 {
     rmemfs_common::crc32c::crc32c(page)
 }

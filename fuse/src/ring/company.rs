@@ -11,8 +11,8 @@ use std::time::Duration;
 /// misses fetched together. On 2 cores with 4 random 4 KiB readers missing the
 /// cache, a thread otherwise answers one read at a time: the others come while it
 /// waits on remote memory. It sleeps rather than yields the CPU: a yield to a task
-/// that computes gives it a whole time slice (4 readers beside a busy loop per CPU
-/// fell from 12-23k to 2.1k reads a second), while a sleeper that wakes is soon run.
+/// that computes gives it a whole time slice, while a sleeper that wakes is soon run
+/// (docs/benchmarks-history.md, "A short wait for company").
 /// Where waits gather nothing to fetch (one reader, or reads the cache answers),
 /// after [`COMPANY_PATIENCE`] such waits in a row it answers the next reads alone
 /// at once, [`COMPANY_BACKOFF`] of them and twice as many each time that repeats,

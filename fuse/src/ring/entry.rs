@@ -11,9 +11,8 @@ use std::alloc::Layout;
 /// Ring entries each serving thread registers, at most. Requests that come while the
 /// thread is busy wait in its other entries, and are answered together once it is
 /// free: their reads that miss the cache then cost one round trip to remote memory
-/// between them (the fabric alone served 2 x 4 KiB reads per round trip at twice the
-/// reads a second of 1, 516k against 253k on 2 cores; fsd with 8 random readers
-/// 139-142k against 122-123k with one entry).
+/// between them, and a round trip costs its system calls and wakeups far more than
+/// its bytes (docs/benchmarks-history.md, "Four ring entries per thread").
 pub(super) const ENTRIES_PER_THREAD: usize = 4;
 /// Submission queue slots of a thread's ring: a command per entry at once.
 const RING_SIZE: u32 = ENTRIES_PER_THREAD.next_power_of_two() as u32;

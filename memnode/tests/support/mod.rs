@@ -37,7 +37,7 @@ fn start_with(size: u64, token: Option<&[u8]>, lease: Duration) -> Memnode {
         poll: std::time::Duration::ZERO,
         lease,
         // Reclaimed at once, as the tests of reclaim expect; the session tests
-        // (sessions.rs) set their own.
+        // (`memory_file.rs`, `src/control/tests.rs`) set their own.
         session_grace: Duration::ZERO,
         memory_file: None,
     })

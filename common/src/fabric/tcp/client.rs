@@ -296,8 +296,8 @@ impl TcpEndpoint {
     /// this process's callers from polling for a while
     /// ([`direct::PollSlots::request_on`]): a poller would keep a CPU from the
     /// memnode threads that must answer the other calls, which its yields do not
-    /// reach when the memnode runs in a scheduling group of its own. fabricbench's
-    /// 4-job random reads ran at 60-70k against 99-103k that way.
+    /// reach when the memnode runs in a scheduling group of its own
+    /// (docs/benchmarks-history.md, "Polling, and when it stops").
     fn take_io(&self) -> Result<MutexGuard<'_, Io>, FabricError> {
         let mut io = lock(&self.io);
         POLLERS.request_on(self.id);

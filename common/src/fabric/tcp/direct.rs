@@ -178,17 +178,15 @@ impl PollSlots {
     /// crowded, not polling, for [`CROWDED`].
     ///
     /// Why: polling pays where one client waits on one connection, each request
-    /// sent as soon as the last was answered (a memnode thread that polls served one
-    /// fio job's random 4 KiB reads through fsd 1.6x faster than one that slept).
-    /// Where requests come on several connections at once they come often enough
-    /// that threads overlap their wakeups, and polling gained nothing (4 jobs: 43-49k
-    /// either way) but could cost much: a poller's yield gives its CPU only to
-    /// threads of its own scheduling group, so a memnode in a session or cgroup of
-    /// its own (as services and the bench run it) kept a CPU spinning while fsd's and
-    /// fio's threads queued on the other (4 jobs: 28-34k, against 44-46k with the
-    /// memnode not polling). A rate rather than any change of connection: idle
-    /// mounts' scrubbers send a few hundred requests a second each, and a lone
-    /// reader beside them keeps its polling.
+    /// sent as soon as the last was answered. Where requests come on several
+    /// connections at once they come often enough that threads overlap their
+    /// wakeups, and polling gains nothing but can cost much: a poller's yield gives
+    /// its CPU only to threads of its own scheduling group, so a memnode in a
+    /// session or cgroup of its own (as services and the bench run it) kept a CPU
+    /// spinning while fsd's and fio's threads queued on the other. A rate rather
+    /// than any change of connection: idle mounts' scrubbers send a few hundred
+    /// requests a second each, and a lone reader beside them keeps its polling.
+    /// Figures: docs/benchmarks-history.md, "Polling, and when it stops".
     pub fn request_on(&self, conn: u64) {
         let last = self.last_conn.swap(conn, Ordering::Relaxed);
         if last == 0 || last == conn {
@@ -269,8 +267,9 @@ fn clock() -> u64 {
 /// without polling).
 ///
 /// Why: on a host whose idle CPUs halt, waking a sleeping thread costs far more than
-/// the loopback or LAN round trip it waited for (about 35 µs a wakeup on the 2-core
-/// VMs this is benchmarked on, against a 15 µs round trip when both sides poll).
+/// the loopback or LAN round trip it waited for (more than twice a polled round
+/// trip on the VMs this is benchmarked on: docs/benchmarks-history.md, "Polling,
+/// and when it stops").
 /// Polling for a completion a little while before sleeping is what RDMA programs
 /// do with their completion queues; here it keeps a memnode's connection thread
 /// awake for the next request and fsd's thread awake for its completion, and keeps
@@ -279,13 +278,12 @@ fn clock() -> u64 {
 /// Why a long yield ends it: a thread that yielded to one with a time slice of work
 /// does not run again until that slice is over, however soon its data comes, while
 /// a sleeping one runs as soon as its data wakes it. Where the CPUs have such work
-/// (four fio jobs reading from the page cache on 2 cores) a memnode poller yielded
-/// for about 190 µs at a time, each a request served that much later; with two
-/// CPU-bound processes beside a one-job O_DIRECT random read, polling took it from
-/// 8-13k IOPS to 0.4-0.6k. So a poll ends after a yield of [`LONG_YIELD`] or more,
-/// and after two such within [`LONG_YIELDS_WINDOW`] the side sleeps at once for
-/// [`QUIET`] (9-15k IOPS in that case, while an idle host's one-job random reads
-/// keep their polling gain).
+/// (fio jobs reading from the page cache, or CPU-bound processes beside a reader)
+/// a poller's yields each last many round trips, each a request served that much
+/// later, and polling made such a reader many times slower. So a poll ends after a
+/// yield of [`LONG_YIELD`] or more, and after two such within [`LONG_YIELDS_WINDOW`]
+/// the side sleeps at once for [`QUIET`], while an idle host's one-job random reads
+/// keep their polling gain (docs/benchmarks-history.md, "Polling, and when it stops").
 pub fn poll_readable(fd: BorrowedFd<'_>, budget: Duration, slots: &PollSlots) -> bool {
     if budget.is_zero() || slots.quiet() {
         return false;

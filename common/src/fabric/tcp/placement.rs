@@ -8,14 +8,15 @@
 //! any other each wakeup is an interrupt across CPUs (a costly one in a VM) and the
 //! scheduler may stack the busy threads of several connections on one CPU. fsd's
 //! FUSE ring threads, one per CPU, each send on connections of their own, so each
-//! CPU serves its own requests end to end. Four fio jobs of random 4 KiB reads
-//! through fsd (2 cores, 16 runs each): median 59.9k IOPS, slowest run 38k, without
-//! it; 63.4k and 57k with it.
+//! CPU serves its own requests end to end, and the slowest runs gain most
+//! (docs/benchmarks-history.md, "Memnode connection threads on their packets'
+//! CPU").
 //!
 //! Otherwise (one busy connection, or none) the thread may run on every CPU the
 //! process may: a lone client's connection thread polls for its next request
 //! (`direct::poll_readable`), which only pays on a CPU of its own; pinned beside
-//! its client, one fio job's random reads fell from 35k to 20k IOPS.
+//! its client, it and the client take turns on one CPU and a lone job's reads fall
+//! far (same entry).
 //!
 //! The CPU is looked up every [`RECHECK_EVERY`] requests (one `getsockopt`), and
 //! the thread moved only when it changes. A CPU outside the process's own mask (a
