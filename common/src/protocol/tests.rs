@@ -1,5 +1,6 @@
 //! Round trips, truncations, bad fields and garbage for every control message.
 
+use super::wire::*;
 use super::*;
 use proptest::prelude::*;
 
