@@ -1,5 +1,6 @@
 //! Shared by memnode and fsd: the control protocol, the fabric trait and its backends.
 
+pub mod auth;
 pub mod control;
 pub mod cpus;
 pub mod crc32c;

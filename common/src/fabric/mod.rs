@@ -413,6 +413,17 @@ pub struct ConnectionState {
     pub peer: String,
 }
 
+impl ConnectionState {
+    /// A connection just accepted: no client yet.
+    pub fn new(conn_id: u64, peer: String) -> ConnectionState {
+        ConnectionState {
+            conn_id,
+            client: None,
+            peer,
+        }
+    }
+}
+
 /// What the control handler wants done after a request.
 pub struct ControlReply {
     pub frame: Vec<u8>,

@@ -44,11 +44,7 @@ fn service_with(pages: u64, lease: Duration) -> (ControlService, Arc<TcpRegistry
 }
 
 fn conn(id: u64) -> ConnectionState {
-    ConnectionState {
-        conn_id: id,
-        client: None,
-        peer: format!("test-peer-{id}"),
-    }
+    ConnectionState::new(id, format!("test-peer-{id}"))
 }
 
 /// Sends `req` and decodes the reply; returns it with the close flag.

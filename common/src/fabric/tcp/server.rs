@@ -165,11 +165,7 @@ fn accept_loop(listener: TcpListener, services: Arc<Services>) {
         let spawned = std::thread::Builder::new()
             .name(format!("fabric-conn {peer}"))
             .spawn(move || {
-                let mut conn = ConnectionState {
-                    conn_id,
-                    client: None,
-                    peer,
-                };
+                let mut conn = ConnectionState::new(conn_id, peer);
                 match serve(stream, &mut conn, &s) {
                     Ok(()) => log::debug!("connection {} from {} closed", conn_id, conn.peer),
                     Err(why) => log::info!("closing connection from {}: {}", conn.peer, why),

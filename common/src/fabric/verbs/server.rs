@@ -354,11 +354,7 @@ fn accept(id: CmId, ev: &CmEvent, s: &Arc<Shared>) -> Result<(), String> {
     let spawned = std::thread::Builder::new()
         .name(format!("verbs-conn {peer}"))
         .spawn(move || {
-            let mut state = ConnectionState {
-                conn_id,
-                client: None,
-                peer,
-            };
+            let mut state = ConnectionState::new(conn_id, peer);
             match serve(&mut conn, &mut state, &closing, &sh) {
                 Ok(()) => log::debug!("verbs connection from {} closed", state.peer),
                 Err(why) => log::info!("closing verbs connection from {}: {why}", state.peer),
