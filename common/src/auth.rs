@@ -60,6 +60,14 @@ impl std::fmt::Debug for Transcript {
     }
 }
 
+/// A connection between its Hello and its Prove, as the memnode keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Challenged {
+    pub transcript: Transcript,
+    /// The Hello said the client resumes (or joins) a session.
+    pub resume: bool,
+}
+
 /// What the memnode's Welcome tells, which its proof covers too: a Welcome cannot be
 /// altered on the way without the client seeing it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

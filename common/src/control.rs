@@ -1,10 +1,11 @@
 //! The client side of the control protocol: typed calls over an [`Endpoint`]'s
 //! SEND/RECV.
 
+use crate::auth;
 use crate::fabric::{Endpoint, FabricError};
 use crate::protocol::{
     valid_volume_name, Allocation, CopySpan, ErrorCode, NodeStats, ProtocolError, Request,
-    Response, SessionSecret, MAX_TOKEN_LEN,
+    Response, SessionSecret,
 };
 use thiserror::Error;
 
@@ -19,6 +20,8 @@ pub enum ControlError {
     Protocol(#[from] ProtocolError),
     #[error("memnode refused: {code:?}: {message}")]
     Refused { code: ErrorCode, message: String },
+    #[error("the memnode did not prove it knows the token (it has another token or none, or something else answers on its address)")]
+    NotProven,
     #[error("unexpected reply to {request}: {reply}")]
     Unexpected {
         request: &'static str,
@@ -109,39 +112,74 @@ pub fn hello(ep: &dyn Endpoint, client_id: u64, token: &[u8]) -> Result<Welcome,
     hello_in_session(ep, client_id, token, SessionSecret::NONE)
 }
 
-/// Hello as a connection of the session `session` (or a new one: `NONE`).
+/// The handshake of a connection of the session `session` (or of a new one: `NONE`),
+/// as `auth.rs` describes: Hello, the memnode's Challenge, Prove, and a Welcome whose
+/// proof shows the memnode knows the token too. `token` empty: the client has none
+/// (only a memnode without a token then lets it in).
 pub fn hello_in_session(
     ep: &dyn Endpoint,
     client_id: u64,
     token: &[u8],
     session: SessionSecret,
 ) -> Result<Welcome, ControlError> {
-    if token.len() > MAX_TOKEN_LEN {
-        // The frame cannot carry it; refuse rather than send a token cut short.
-        return Err(ControlError::Protocol(ProtocolError::BadField("token")));
-    }
-    let req = Request::Hello {
+    let client_nonce = auth::new_nonce().ok_or_else(|| {
+        ControlError::Fabric(FabricError::Local(
+            "no randomness for the handshake's nonce".into(),
+        ))
+    })?;
+    let resume = !session.is_none();
+    let hello = Request::Hello {
         client_id,
-        token: token.to_vec(),
-        session,
+        nonce: client_nonce,
+        resume,
     };
-    match call(ep, &req)? {
+    let server_nonce = match call(ep, &hello)? {
+        Response::Challenge { nonce } => nonce,
+        other => return Err(unexpected("Hello", other)),
+    };
+    let t = auth::Transcript {
+        client_id,
+        client_nonce,
+        server_nonce,
+    };
+    let key = auth::token_key(token);
+    let prove = Request::Prove {
+        proof: auth::client_proof(&key, &t),
+        session: resume.then(|| auth::session_proof(&session, &t)),
+    };
+    match call(ep, &prove)? {
         Response::Welcome {
             node_id,
             capacity,
             features,
-            session,
             resumed,
             boot,
-        } => Ok(Welcome {
-            node_id,
-            capacity,
-            features,
-            session,
-            resumed,
-            boot,
-        }),
-        other => Err(unexpected("Hello", other)),
+            proof,
+        } => {
+            let facts = auth::WelcomeFacts {
+                node_id,
+                capacity,
+                features,
+                resumed,
+                boot,
+            };
+            if !auth::proofs_match(&proof, &auth::server_proof(&key, &t, &facts)) {
+                return Err(ControlError::NotProven);
+            }
+            Ok(Welcome {
+                node_id,
+                capacity,
+                features,
+                session: if resumed {
+                    session
+                } else {
+                    auth::session_secret(&key, &t)
+                },
+                resumed,
+                boot,
+            })
+        }
+        other => Err(unexpected("Prove", other)),
     }
 }
 

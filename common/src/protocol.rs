@@ -9,18 +9,24 @@
 //! A decode error is always a value ([`ProtocolError`]), never a panic: frames come
 //! from the network and may be hostile.
 
+use crate::auth::{Nonce, Proof};
 use thiserror::Error;
 
 /// The protocol version this build speaks. A peer with another version is refused.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Version 2 replaced version 1's Hello, which carried the token and the session's
+/// secret in clear, with the challenge-response of `auth.rs`.
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Bytes in a control frame header.
 pub const HEADER_LEN: usize = 8;
 /// Largest control body accepted. Control messages are tiny; anything larger is hostile.
 pub const MAX_CONTROL_BODY: usize = 1024;
 /// Largest whole control frame (header + body).
 pub const MAX_CONTROL_FRAME: usize = HEADER_LEN + MAX_CONTROL_BODY;
-/// Longest auth token a Hello may carry.
+/// Longest token a client or memnode takes (it never crosses the network: only
+/// proofs made with it do).
 pub const MAX_TOKEN_LEN: usize = 256;
+/// Shortest token accepted: a guessable token is no secret.
+pub const MIN_TOKEN_LEN: usize = 16;
 /// Longest error message a reply may carry.
 pub const MAX_ERROR_MESSAGE: usize = 512;
 /// Longest volume name (see [`valid_volume_name`]).
@@ -38,10 +44,11 @@ pub const MAX_COPY_BYTES: u64 = 16 << 20;
 /// `Copy` is served.
 pub const FEATURE_COPY: u32 = 1;
 
-/// The secret that binds a client's connections to its session on a memnode: handed
-/// out in the `Welcome` of the session's first Hello, presented in the Hello of every
-/// later connection (a reconnect resumes the session only with it). All zeros: no
-/// session yet. Its `Debug` never shows the bytes, so no log line carries it.
+/// The secret that binds a client's connections to its session on a memnode: derived
+/// by both sides from the handshake that starts the session (`auth::session_secret`),
+/// proven, never sent, by every later connection (a reconnect resumes the session
+/// only with it). All zeros: no session yet. Its `Debug` never shows the bytes, so no
+/// log line carries it.
 #[derive(Clone, Copy, PartialEq, Eq, Default)]
 pub struct SessionSecret(pub [u8; SESSION_SECRET_LEN]);
 
@@ -102,14 +109,22 @@ pub enum ProtocolError {
 /// Requests a client sends (SEND) to a memnode.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
-    /// First message on every connection: who the client is and its credentials.
-    /// `session` is the secret of the client's session, to resume it (or join it with
-    /// another connection), or [`SessionSecret::NONE`] to start one. A Hello without
-    /// the field (an older client) starts a session too.
+    /// First message on every connection: who the client says it is and its nonce.
+    /// `resume`: the client has a session under this id and will prove it knows its
+    /// secret (to resume it after a blip, or join it with another connection); false
+    /// starts a session. The memnode answers with a `Challenge`.
     Hello {
         client_id: u64,
-        token: Vec<u8>,
-        session: SessionSecret,
+        nonce: Nonce,
+        resume: bool,
+    },
+    /// Second message on every connection, after the `Challenge`: `proof` shows the
+    /// client knows the token (`auth::client_proof`), `session` that it knows the
+    /// secret of the session it resumes (`auth::session_proof`; only when the Hello
+    /// said `resume`). The memnode answers with `Welcome` or refuses and closes.
+    Prove {
+        proof: Proof,
+        session: Option<Proof>,
     },
     /// Allocate `bytes` of remote memory (rounded up to the memnode's page size).
     Alloc { bytes: u64 },
@@ -161,23 +176,25 @@ pub struct CopySpan {
 /// Replies a memnode sends back (the client RECVs them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Response {
-    /// Hello accepted; `node_id` names the memnode, `capacity` is its region size,
-    /// `features` what it serves beyond the first messages (`FEATURE_*`; an older
-    /// memnode's Welcome has no such field, read as none).
-    /// `session` is the session's secret; `resumed` is true when the session existed
-    /// before this Hello (a reconnect found its memory, or another connection of the
-    /// same session), false when this Hello started it. An older memnode sends neither
-    /// (read as no secret, not resumed).
+    /// The answer to Hello: the memnode's nonce, for the client's `Prove`.
+    Challenge { nonce: Nonce },
+    /// The client's proofs were accepted; `node_id` names the memnode, `capacity` is
+    /// its region size, `features` what it serves beyond the first messages
+    /// (`FEATURE_*`). `resumed` is true when the session existed before this
+    /// connection (a reconnect found its memory, or another connection of the same
+    /// session), false when this one started it (both sides then derive its secret).
     /// `boot` counts the restarts of this memnode instance on its memory file (0
-    /// without one, or from an older memnode): a session resumed under another boot
-    /// than the client last saw kept every chunk, but under new rkeys.
+    /// without one): a session resumed under another boot than the client last saw
+    /// kept every chunk, but under new rkeys. `proof` is the memnode's
+    /// (`auth::server_proof`, over all of the above): the client trusts nothing of a
+    /// memnode that cannot make it.
     Welcome {
         node_id: u64,
         capacity: u64,
         features: u32,
-        session: SessionSecret,
         resumed: bool,
         boot: u64,
+        proof: Proof,
     },
     /// A new allocation, readable and writable with `rkey` by its owner only.
     Allocated(Allocation),
@@ -281,7 +298,7 @@ pub enum ErrorCode {
     BadRequest,
     /// Free named an allocation that does not exist or is not the caller's.
     NotFound,
-    /// Hello carried a wrong token.
+    /// The client's proof did not match a token (or a session) of the memnode.
     AuthFailed,
     /// The peer speaks another protocol version.
     VersionMismatch,

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The `request` label values, in [`ControlCounters::requests`]' order; `malformed`
 /// counts frames that did not decode.
-pub const REQUEST_KINDS: [&str; 13] = [
+pub const REQUEST_KINDS: [&str; 14] = [
     "hello",
     "alloc",
     "free",
@@ -22,6 +22,7 @@ pub const REQUEST_KINDS: [&str; 13] = [
     "copy",
     "session_end",
     "session_chunks",
+    "prove",
 ];
 
 /// The `reason` label values, in [`ControlCounters::refusals`]' order; `other` is a
@@ -65,6 +66,7 @@ fn kind_index(req: Option<&Request>) -> usize {
         Some(Request::Copy { .. }) => 10,
         Some(Request::SessionEnd) => 11,
         Some(Request::SessionChunks { .. }) => 12,
+        Some(Request::Prove { .. }) => 13,
     }
 }
 

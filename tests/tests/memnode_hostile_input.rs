@@ -215,16 +215,49 @@ fn expect_error_reply_and_close(s: &mut TcpStream, code: ErrorCode, what: &str) 
 fn hello_frame() -> Vec<u8> {
     Request::Hello {
         client_id: 0x0bad_c0de,
-        token: Vec::new(),
-        session: SessionSecret::NONE,
+        nonce: [7; rmemfs_common::auth::NONCE_LEN],
+        resume: false,
     }
     .encode()
 }
 
-/// A control frame with `kind` and `body`, in protocol version 1.
+/// The handshake (Hello, Challenge, Prove) on a raw stream, with no token, as
+/// `client_id` in `session` (or a new one): the reply to the Prove.
+fn raw_handshake(s: &mut TcpStream, client_id: u64, session: SessionSecret) -> Response {
+    use rmemfs_common::auth;
+    let client_nonce = [5; auth::NONCE_LEN];
+    let resume = !session.is_none();
+    let hello = Request::Hello {
+        client_id,
+        nonce: client_nonce,
+        resume,
+    };
+    send(s, &send_frame(&hello.encode()));
+    let (_, payload) = read_completion(s, "Hello");
+    let Ok(Response::Challenge {
+        nonce: server_nonce,
+    }) = Response::decode(&payload)
+    else {
+        panic!("expected a Challenge, got {:?}", Response::decode(&payload));
+    };
+    let t = auth::Transcript {
+        client_id,
+        client_nonce,
+        server_nonce,
+    };
+    let prove = Request::Prove {
+        proof: auth::client_proof(&auth::token_key(b""), &t),
+        session: resume.then(|| auth::session_proof(&session, &t)),
+    };
+    send(s, &send_frame(&prove.encode()));
+    let (_, payload) = read_completion(s, "Prove");
+    Response::decode(&payload).expect("a reply that decodes")
+}
+
+/// A control frame with `kind` and `body`, in this build's protocol version.
 fn control_frame(kind: u16, body: &[u8]) -> Vec<u8> {
     let mut f = Vec::with_capacity(8 + body.len());
-    f.extend_from_slice(&1u16.to_le_bytes());
+    f.extend_from_slice(&rmemfs_common::protocol::PROTOCOL_VERSION.to_le_bytes());
     f.extend_from_slice(&kind.to_le_bytes());
     f.extend_from_slice(&(body.len() as u32).to_le_bytes());
     f.extend_from_slice(body);
@@ -517,21 +550,13 @@ fn hostile_frames_get_an_error_or_a_closed_connection_while_a_good_client_keeps_
     let mut good = GoodClient::new(&memnode, pattern);
 
     let hello = hello_frame();
-    let mut v2_hello = hello.clone();
-    v2_hello[0..2].copy_from_slice(&2u16.to_le_bytes());
+    // Version 1: a Hello of the days when it carried the token in clear.
+    let mut v1_hello = hello.clone();
+    v1_hello[0..2].copy_from_slice(&1u16.to_le_bytes());
     let mut huge_body = Request::Stat.encode();
     huge_body[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
     let mut lying_body = hello.clone();
     lying_body.extend_from_slice(b"xyz");
-    let huge_token = {
-        let mut body = 1u64.to_le_bytes().to_vec();
-        body.extend_from_slice(&u16::MAX.to_le_bytes());
-        body.extend_from_slice(b"abc");
-        let mut f = hello[..4].to_vec(); // a Hello's version and kind
-        f.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        f.extend_from_slice(&body);
-        f
-    };
     let (victim_addr, victim_rkey) = (good.alloc.addr, good.alloc.rkey);
     let mut sneaky_write = header(OP_WRITE, 4096, victim_addr, victim_rkey);
     sneaky_write.extend_from_slice(&[0xee; 4096]);
@@ -572,13 +597,8 @@ fn hostile_frames_get_an_error_or_a_closed_connection_while_a_good_client_keeps_
             false,
         ),
         (
-            "a Hello with a 65535-byte token length",
-            send_frame(&huge_token),
-            false,
-        ),
-        (
-            "a Hello in protocol version 2",
-            send_frame(&v2_hello),
+            "a Hello in protocol version 1",
+            send_frame(&v1_hello),
             false,
         ),
         (
@@ -606,7 +626,7 @@ fn hostile_frames_get_an_error_or_a_closed_connection_while_a_good_client_keeps_
             "{name}: expected an error reply or a closed connection within {ANSWER_LIMIT:?}, \
              got {answer}"
         );
-        if *name == "a Hello in protocol version 2" {
+        if *name == "a Hello in protocol version 1" {
             if let Answer::ControlError { code, .. } = &answer {
                 assert_eq!(*code, ErrorCode::VersionMismatch, "{name}: error code");
             }
@@ -718,16 +738,10 @@ fn malformed_volume_frames_close_only_their_connection() {
         for hello in [None, Some(stranger), Some((1, holder_session))] {
             let mut s = raw(&addr);
             if let Some((client_id, session)) = hello {
-                let hello = Request::Hello {
-                    client_id,
-                    token: vec![],
-                    session,
-                };
-                send(&mut s, &send_frame(&hello.encode()));
-                let (_, payload) = read_completion(&mut s, "Hello");
+                let reply = raw_handshake(&mut s, client_id, session);
                 assert!(
-                    matches!(Response::decode(&payload), Ok(Response::Welcome { .. })),
-                    "{what}: the raw Hello must be welcome"
+                    matches!(reply, Response::Welcome { .. }),
+                    "{what}: the raw handshake must be welcome, got {reply:?}"
                 );
             }
             send(&mut s, &send_frame(&frame));

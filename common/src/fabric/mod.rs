@@ -411,6 +411,8 @@ pub struct ConnectionState {
     pub client: Option<u64>,
     /// The peer's address, for logs.
     pub peer: String,
+    /// Between the Hello and the Prove: what the proofs must cover.
+    pub challenged: Option<crate::auth::Challenged>,
 }
 
 impl ConnectionState {
@@ -420,6 +422,7 @@ impl ConnectionState {
             conn_id,
             client: None,
             peer,
+            challenged: None,
         }
     }
 }

@@ -4,8 +4,8 @@
 
 use super::wire::*;
 use super::{
-    valid_volume_name, CopySpan, ProtocolError, Request, SessionSecret, MAX_COPY_BYTES,
-    MAX_COPY_SPANS, MAX_TOKEN_LEN, MAX_VOLUME_NAME,
+    valid_volume_name, CopySpan, ProtocolError, Request, MAX_COPY_BYTES, MAX_COPY_SPANS,
+    MAX_VOLUME_NAME,
 };
 use crate::le;
 
@@ -16,13 +16,20 @@ impl Request {
         let kind = match self {
             Request::Hello {
                 client_id,
-                token,
-                session,
+                nonce,
+                resume,
             } => {
                 le::put(&mut body, client_id);
-                put_bytes(&mut body, &token[..token.len().min(MAX_TOKEN_LEN)]);
-                body.extend_from_slice(&session.0);
+                body.extend_from_slice(nonce);
+                body.push(*resume as u8);
                 K_HELLO
+            }
+            Request::Prove { proof, session } => {
+                body.extend_from_slice(proof);
+                if let Some(s) = session {
+                    body.extend_from_slice(s);
+                }
+                K_PROVE
             }
             Request::Alloc { bytes } => {
                 le::put(&mut body, bytes);
@@ -93,12 +100,16 @@ impl Request {
         let req = match kind {
             K_HELLO => Request::Hello {
                 client_id: r.u64()?,
-                token: r.bytes(MAX_TOKEN_LEN, "token")?.to_vec(),
-                // An older client ends here.
+                nonce: r.array()?,
+                resume: r.flag("resume")?,
+            },
+            K_PROVE => Request::Prove {
+                proof: r.array()?,
+                // The session's proof is there or not: the body's length says which.
                 session: if r.remaining() == 0 {
-                    SessionSecret::NONE
+                    None
                 } else {
-                    r.session()?
+                    Some(r.array()?)
                 },
             },
             K_SESSION_END => Request::SessionEnd,

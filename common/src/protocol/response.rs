@@ -5,8 +5,8 @@
 
 use super::wire::*;
 use super::{
-    listing_fits, ErrorCode, NodeStats, ProtocolError, Response, SessionSecret, VolumeInfo,
-    VolumeSummary, MAX_CHUNKS_PER_REPLY, MAX_ERROR_MESSAGE,
+    listing_fits, ErrorCode, NodeStats, ProtocolError, Response, VolumeInfo, VolumeSummary,
+    MAX_CHUNKS_PER_REPLY, MAX_ERROR_MESSAGE,
 };
 use crate::le;
 
@@ -23,20 +23,24 @@ impl Response {
     pub fn encode(&self) -> Vec<u8> {
         let mut body = Vec::new();
         let kind = match self {
+            Response::Challenge { nonce } => {
+                body.extend_from_slice(nonce);
+                K_CHALLENGE
+            }
             Response::Welcome {
                 node_id,
                 capacity,
                 features,
-                session,
                 resumed,
                 boot,
+                proof,
             } => {
                 le::put(&mut body, node_id);
                 le::put(&mut body, capacity);
                 le::put(&mut body, features);
-                body.extend_from_slice(&session.0);
                 body.push(*resumed as u8);
                 le::put(&mut body, boot);
+                body.extend_from_slice(proof);
                 K_WELCOME
             }
             Response::Allocated(a) => {
@@ -112,23 +116,14 @@ impl Response {
         let (kind, body) = split_frame(frame)?;
         let mut r = Reader::new(body);
         let resp = match kind {
+            K_CHALLENGE => Response::Challenge { nonce: r.array()? },
             K_WELCOME => Response::Welcome {
                 node_id: r.u64()?,
                 capacity: r.u64()?,
-                // An older memnode ends here.
-                features: if r.remaining() == 0 { 0 } else { r.u32()? },
-                // And an older one still here.
-                session: if r.remaining() == 0 {
-                    SessionSecret::NONE
-                } else {
-                    r.session()?
-                },
-                resumed: if r.remaining() == 0 {
-                    false
-                } else {
-                    r.flag("resumed")?
-                },
-                boot: if r.remaining() == 0 { 0 } else { r.u64()? },
+                features: r.u32()?,
+                resumed: r.flag("resumed")?,
+                boot: r.u64()?,
+                proof: r.array()?,
             },
             K_SESSION_ENDING => Response::SessionEnding,
             K_ALLOCATED => Response::Allocated(r.allocation()?),

@@ -8,13 +8,21 @@ fn all_requests() -> Vec<Request> {
     vec![
         Request::Hello {
             client_id: 0xdead_beef_0123_4567,
-            token: b"secret".to_vec(),
-            session: SessionSecret([0x5a; SESSION_SECRET_LEN]),
+            nonce: [0x5a; crate::auth::NONCE_LEN],
+            resume: true,
         },
         Request::Hello {
             client_id: 0,
-            token: vec![],
-            session: SessionSecret::NONE,
+            nonce: [0; crate::auth::NONCE_LEN],
+            resume: false,
+        },
+        Request::Prove {
+            proof: [0x33; crate::auth::PROOF_LEN],
+            session: None,
+        },
+        Request::Prove {
+            proof: [0x33; crate::auth::PROOF_LEN],
+            session: Some([0x44; crate::auth::PROOF_LEN]),
         },
         Request::SessionEnd,
         Request::SessionChunks { after: 1 << 30 },
@@ -90,21 +98,24 @@ fn chunk(i: u64) -> Allocation {
 
 fn all_responses() -> Vec<Response> {
     vec![
+        Response::Challenge {
+            nonce: [0x11; crate::auth::NONCE_LEN],
+        },
         Response::Welcome {
             node_id: 7,
             capacity: 4 << 30,
             features: FEATURE_COPY,
-            session: SessionSecret([0xa5; SESSION_SECRET_LEN]),
             resumed: true,
             boot: 3,
+            proof: [0xa5; crate::auth::PROOF_LEN],
         },
         Response::Welcome {
             node_id: 7,
             capacity: 4 << 30,
             features: 0,
-            session: SessionSecret::NONE,
             resumed: false,
             boot: 0,
+            proof: [0; crate::auth::PROOF_LEN],
         },
         Response::SessionEnding,
         Response::Copied { bytes: 1 << 24 },
@@ -241,8 +252,8 @@ fn oversized_body_length_is_rejected_before_reading_the_body() {
 #[test]
 fn wrong_version_is_rejected() {
     let mut f = Request::Stat.encode();
-    f[0..2].copy_from_slice(&2u16.to_le_bytes());
-    assert_eq!(Request::decode(&f), Err(ProtocolError::Version { got: 2 }));
+    f[0..2].copy_from_slice(&3u16.to_le_bytes());
+    assert_eq!(Request::decode(&f), Err(ProtocolError::Version { got: 3 }));
 }
 
 #[test]
@@ -252,18 +263,6 @@ fn unknown_kind_is_rejected() {
     assert_eq!(Request::decode(&f), Err(ProtocolError::UnknownKind(0x7777)));
     // A response kind is not a request.
     assert!(Request::decode(&Response::Freed.encode()).is_err());
-}
-
-#[test]
-fn token_longer_than_the_limit_is_rejected() {
-    let mut body = Vec::new();
-    body.extend_from_slice(&1u64.to_le_bytes());
-    body.extend_from_slice(&((MAX_TOKEN_LEN + 1) as u16).to_le_bytes());
-    body.extend(std::iter::repeat_n(b'x', MAX_TOKEN_LEN + 1));
-    assert_eq!(
-        Request::decode(&frame(K_HELLO, &body)),
-        Err(ProtocolError::BadField("token"))
-    );
 }
 
 #[test]
@@ -588,30 +587,20 @@ proptest! {
     }
 
     #[test]
-    fn hello_round_trips(client_id in any::<u64>(), token in proptest::collection::vec(any::<u8>(), 0..MAX_TOKEN_LEN)) {
-        let req = Request::Hello { client_id, token, session: SessionSecret::NONE };
+    fn hello_round_trips(client_id in any::<u64>(), nonce in any::<[u8; 32]>(), resume in any::<bool>()) {
+        let req = Request::Hello { client_id, nonce, resume };
         prop_assert_eq!(Request::decode(&req.encode()), Ok(req));
     }
 }
 
 #[test]
-fn a_welcome_without_features_is_an_older_memnode_with_none() {
-    let mut old = Vec::new();
-    old.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
-    old.extend_from_slice(&0x8001u16.to_le_bytes());
-    old.extend_from_slice(&16u32.to_le_bytes());
-    old.extend_from_slice(&9u64.to_le_bytes());
-    old.extend_from_slice(&(1u64 << 30).to_le_bytes());
+fn a_version_1_frame_is_refused_as_another_version() {
+    // Version 1's Hello carried the token in clear; its frames are not read at all.
+    let mut old = Request::Stat.encode();
+    old[0..2].copy_from_slice(&1u16.to_le_bytes());
     assert_eq!(
-        Response::decode(&old),
-        Ok(Response::Welcome {
-            node_id: 9,
-            capacity: 1 << 30,
-            features: 0,
-            session: SessionSecret::NONE,
-            resumed: false,
-            boot: 0,
-        })
+        Request::decode(&old),
+        Err(ProtocolError::Version { got: 1 })
     );
 }
 
@@ -655,40 +644,34 @@ fn a_copy_of_no_span_too_many_bytes_or_an_empty_span_is_refused() {
 }
 
 #[test]
-fn a_hello_without_a_session_is_an_older_client_starting_one() {
-    let new = Request::Hello {
-        client_id: 3,
-        token: b"t".to_vec(),
-        session: SessionSecret::NONE,
+fn a_prove_with_a_proof_cut_short_or_a_hello_with_a_bad_flag_is_refused() {
+    let prove = Request::Prove {
+        proof: [7; crate::auth::PROOF_LEN],
+        session: Some([8; crate::auth::PROOF_LEN]),
     }
     .encode();
-    // The older layout: the same frame without the 16 secret bytes.
-    let mut old = new[..new.len() - SESSION_SECRET_LEN].to_vec();
-    let body = (old.len() - HEADER_LEN) as u32;
-    old[4..8].copy_from_slice(&body.to_le_bytes());
+    // One byte short of the session proof: an error, not a shorter proof.
+    let body = &prove[HEADER_LEN..prove.len() - 1];
+    assert!(Request::decode(&frame(K_PROVE, body)).is_err());
+    // Only the token's proof, cut short.
+    assert!(Request::decode(&frame(K_PROVE, &[7; crate::auth::PROOF_LEN - 1])).is_err());
+    let mut hello = Request::Hello {
+        client_id: 1,
+        nonce: [0; crate::auth::NONCE_LEN],
+        resume: false,
+    }
+    .encode();
+    *hello.last_mut().unwrap() = 2;
     assert_eq!(
-        Request::decode(&old),
-        Ok(Request::Hello {
-            client_id: 3,
-            token: b"t".to_vec(),
-            session: SessionSecret::NONE,
-        })
+        Request::decode(&hello),
+        Err(ProtocolError::BadField("resume"))
     );
-    // A secret cut short is an error, not a shorter secret.
-    let mut cut = new[..new.len() - 1].to_vec();
-    cut[4..8].copy_from_slice(&(body + SESSION_SECRET_LEN as u32 - 1).to_le_bytes());
-    assert!(Request::decode(&cut).is_err());
 }
 
 #[test]
 fn a_session_secret_never_shows_in_debug_output() {
     let secret = SessionSecret([0x42; SESSION_SECRET_LEN]);
-    let hello = Request::Hello {
-        client_id: 1,
-        token: vec![],
-        session: secret,
-    };
-    let shown = format!("{hello:?} {secret:?}");
+    let shown = format!("{secret:?}");
     assert!(!shown.contains("66"), "{shown}");
     assert!(shown.contains("SessionSecret(..)"), "{shown}");
 }

@@ -4,8 +4,8 @@
 //! apart from the messages so each direction's codec reads as its fields only.
 
 use super::{
-    valid_volume_name, Allocation, ProtocolError, SessionSecret, HEADER_LEN, MAX_CONTROL_BODY,
-    MAX_VOLUME_NAME, PROTOCOL_VERSION, SESSION_SECRET_LEN,
+    valid_volume_name, Allocation, ProtocolError, HEADER_LEN, MAX_CONTROL_BODY, MAX_VOLUME_NAME,
+    PROTOCOL_VERSION,
 };
 use crate::le;
 
@@ -22,6 +22,7 @@ pub(super) const K_VOLUME_DESTROY: u16 = 0x0009;
 pub(super) const K_COPY: u16 = 0x000a;
 pub(super) const K_SESSION_END: u16 = 0x000b;
 pub(super) const K_SESSION_CHUNKS: u16 = 0x000c;
+pub(super) const K_PROVE: u16 = 0x000d;
 pub(super) const K_WELCOME: u16 = 0x8001;
 pub(super) const K_ALLOCATED: u16 = 0x8002;
 pub(super) const K_FREED: u16 = 0x8003;
@@ -33,6 +34,7 @@ pub(super) const K_VOLUME_LISTING: u16 = 0x8008;
 pub(super) const K_VOLUME_DESTROYED: u16 = 0x8009;
 pub(super) const K_COPIED: u16 = 0x800a;
 pub(super) const K_SESSION_ENDING: u16 = 0x800b;
+pub(super) const K_CHALLENGE: u16 = 0x800c;
 pub(super) const K_ERROR: u16 = 0x80ff;
 
 // VolumeOpen's flag bits; any other bit set is a bad field.
@@ -156,10 +158,11 @@ impl<'a> Reader<'a> {
         Ok(name.to_vec())
     }
 
-    pub(super) fn session(&mut self) -> Result<SessionSecret, ProtocolError> {
-        let mut s = SessionSecret::NONE;
-        s.0.copy_from_slice(self.take(SESSION_SECRET_LEN)?);
-        Ok(s)
+    /// A fixed-size field: a nonce or a proof.
+    pub(super) fn array<const N: usize>(&mut self) -> Result<[u8; N], ProtocolError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
     }
 
     pub(super) fn allocation(&mut self) -> Result<Allocation, ProtocolError> {

@@ -56,11 +56,12 @@ impl ControlService {
                 None,
                 Request::Hello {
                     client_id,
-                    token,
-                    session,
+                    nonce,
+                    resume,
                 },
-            ) => {
-                let answer = self.hello(conn, client_id, &token, session);
+            ) => self.challenge(conn, client_id, nonce, resume),
+            (None, Request::Prove { proof, session }) => {
+                let answer = self.prove(conn, proof, session);
                 if let Response::Welcome { resumed: false, .. } = answer.response {
                     self.save();
                 }
@@ -68,7 +69,7 @@ impl ControlService {
             }
             (None, _) => refuse_and_close(
                 ErrorCode::NotAuthenticated,
-                "the first request on a connection must be Hello".into(),
+                "a connection must say Hello and Prove before anything else".into(),
             ),
             (Some(client), req) => {
                 self.heard().insert(client, Instant::now());
@@ -91,7 +92,7 @@ impl ControlService {
     /// A request from an authenticated connection of `client` from `peer`.
     fn serve(&self, client: u64, peer: &str, req: Request) -> Response {
         match req {
-            Request::Hello { .. } => {
+            Request::Hello { .. } | Request::Prove { .. } => {
                 Response::error(ErrorCode::BadRequest, "this connection already said hello")
             }
             Request::Alloc { bytes } => self.alloc(client, bytes),

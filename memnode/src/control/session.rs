@@ -1,13 +1,20 @@
 //! Hello, the end of a connection, and the end of a session (its grace run out,
 //! or `SessionEnd`), with what the memnode takes back then.
 //!
-//! Sessions: a client's connections belong to its session, which the first Hello of
-//! a client id starts and answers with a random secret. Every later Hello naming that
-//! client id must present the secret: it joins the session (fsd's several
-//! connections) or resumes it (a reconnect after a network blip). A Hello that names
-//! a client id with a session but not its secret is refused, so knowing a client id
-//! (volume listings show holders) no longer lets one act as that client. The secret
-//! is never logged (`SessionSecret`'s `Debug` hides it).
+//! The handshake (`rmemfs_common::auth` has its arithmetic): a connection's Hello
+//! names a client id and brings a nonce; the memnode answers with a Challenge (its
+//! own nonce); the client's Prove shows it knows the token, and the memnode's Welcome
+//! shows the memnode does. Neither the token nor a session's secret crosses the
+//! network.
+//!
+//! Sessions: a client's connections belong to its session, which the first
+//! connection of a client id starts; both sides derive its secret from that
+//! handshake. Every later connection naming that client id must prove it knows the
+//! secret: it joins the session (fsd's several connections) or resumes it (a
+//! reconnect after a network blip). One that names a client id with a session but
+//! does not prove its secret is refused, so knowing a client id (volume listings show
+//! holders) does not let one act as that client. The secret is never logged
+//! (`SessionSecret`'s `Debug` hides it).
 //!
 //! Scratch memory: chunks of a client that holds no volume belong to its session, not
 //! a connection. When the session's last connection closes, its memory is kept for
@@ -20,65 +27,105 @@
 use super::reply::{refuse_and_close, reply, Answer};
 use super::{show, ControlService, Session};
 use crate::pool::Chunk;
+use rmemfs_common::auth::{self, Challenged, Key, Nonce, Proof, Transcript, WelcomeFacts};
 use rmemfs_common::fabric::ConnectionState;
-use rmemfs_common::protocol::{ErrorCode, Response, SessionSecret, FEATURE_COPY};
+use rmemfs_common::protocol::{ErrorCode, Response, FEATURE_COPY};
 use rmemfs_common::size::format_size;
 use std::time::Instant;
 
-/// A new random session secret (never all zeros, which means "none").
-fn new_secret() -> Option<SessionSecret> {
-    let mut s = SessionSecret::NONE;
-    for _ in 0..4 {
-        getrandom::fill(&mut s.0).ok()?;
-        if !s.is_none() {
-            return Some(s);
-        }
-    }
-    None
-}
-
-/// Compares in time that depends only on the lengths, not on where bytes differ.
-pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = (a.len() != b.len()) as u8;
-    for i in 0..a.len().max(b.len()) {
-        let x = a.get(i).copied().unwrap_or(0);
-        let y = b.get(i).copied().unwrap_or(0);
-        diff |= std::hint::black_box(x ^ y);
-    }
-    diff == 0
-}
-
 impl ControlService {
-    pub(super) fn hello(
+    /// A Hello: the memnode's Challenge, remembered on the connection for its Prove.
+    pub(super) fn challenge(
         &self,
         conn: &mut ConnectionState,
         client_id: u64,
-        token: &[u8],
-        presented: SessionSecret,
+        client_nonce: Nonce,
+        resume: bool,
     ) -> Answer {
-        if let Some(expected) = &self.token {
-            if !constant_time_eq(expected, token) {
-                log::warn!(
-                    "refusing {} (conn {}): wrong token",
-                    conn.peer,
-                    conn.conn_id
-                );
-                return refuse_and_close(ErrorCode::AuthFailed, "wrong token".into());
+        if conn.challenged.is_some() {
+            return refuse_and_close(
+                ErrorCode::BadRequest,
+                "this connection already said hello".into(),
+            );
+        }
+        let Some(server_nonce) = auth::new_nonce() else {
+            log::error!("no randomness for a handshake's nonce");
+            return refuse_and_close(
+                ErrorCode::BadRequest,
+                "the memnode cannot make a nonce now".into(),
+            );
+        };
+        conn.challenged = Some(Challenged {
+            transcript: Transcript {
+                client_id,
+                client_nonce,
+                server_nonce,
+            },
+            resume,
+        });
+        reply(Response::Challenge {
+            nonce: server_nonce,
+        })
+    }
+
+    /// The key whose client proof `proof` is, for the connection's transcript: the
+    /// token's (`None`: the proof is wrong). A memnode without a token takes any
+    /// proof and proves itself with the key of no token.
+    fn authenticate(&self, t: &Transcript, proof: &Proof) -> Option<Key> {
+        match &self.token {
+            None => Some(auth::token_key(b"")),
+            Some(token) => {
+                let key = auth::token_key(token);
+                auth::proofs_match(&auth::client_proof(&key, t), proof).then_some(key)
             }
         }
-        let (session, resumed) = {
+    }
+
+    /// A Prove, after the Challenge: the client is let in (Welcome, with the memnode's
+    /// own proof) when its proof matches the token and, to resume a session, its
+    /// session proof matches that session's secret.
+    pub(super) fn prove(
+        &self,
+        conn: &mut ConnectionState,
+        proof: Proof,
+        session_proof: Option<Proof>,
+    ) -> Answer {
+        let Some(Challenged {
+            transcript: t,
+            resume,
+        }) = conn.challenged.take()
+        else {
+            return refuse_and_close(
+                ErrorCode::NotAuthenticated,
+                "Prove came before Hello".into(),
+            );
+        };
+        let client_id = t.client_id;
+        let Some(key) = self.authenticate(&t, &proof) else {
+            log::warn!(
+                "refusing {} (conn {}): its proof matches no token of this memnode",
+                conn.peer,
+                conn.conn_id
+            );
+            return refuse_and_close(ErrorCode::AuthFailed, "wrong token".into());
+        };
+        let resumed = {
             let mut clients = self.clients();
             match clients.get_mut(&client_id) {
                 Some(s) => {
-                    if !constant_time_eq(&s.secret.0, &presented.0) {
+                    let proven = resume
+                        && session_proof.is_some_and(|p| {
+                            auth::proofs_match(&auth::session_proof(&s.secret, &t), &p)
+                        });
+                    if !proven {
                         log::warn!(
-                            "refusing {} (conn {}): client {client_id:#x} has a session and this Hello did not present its secret",
+                            "refusing {} (conn {}): client {client_id:#x} has a session and this connection did not prove its secret",
                             conn.peer,
                             conn.conn_id
                         );
                         return refuse_and_close(
                             ErrorCode::AuthFailed,
-                            "this client id belongs to a session whose secret the Hello did not carry"
+                            "this client id belongs to a session whose secret this connection did not prove"
                                 .into(),
                         );
                     }
@@ -107,7 +154,7 @@ impl ControlService {
                             since.elapsed().as_secs_f64()
                         );
                     }
-                    (s.secret, true)
+                    true
                 }
                 None => {
                     if self.books_full() {
@@ -116,14 +163,7 @@ impl ControlService {
                             "this memnode's memory file has no room for another session".into(),
                         );
                     }
-                    let Some(secret) = new_secret() else {
-                        log::error!("no randomness for a session secret");
-                        return refuse_and_close(
-                            ErrorCode::BadRequest,
-                            "the memnode cannot make a session secret now".into(),
-                        );
-                    };
-                    if !presented.is_none() {
+                    if resume {
                         log::info!(
                             "client {client_id:#x} asked to resume a session this memnode does not have (it expired, or this is a new memnode instance): a new session starts"
                         );
@@ -131,14 +171,14 @@ impl ControlService {
                     clients.insert(
                         client_id,
                         Session {
-                            secret,
+                            secret: auth::session_secret(&key, &t),
                             connections: 1,
                             idle_since: None,
                             ending: false,
                             unregistered: false,
                         },
                     );
-                    (secret, false)
+                    false
                 }
             }
         };
@@ -149,13 +189,20 @@ impl ControlService {
             conn.peer,
             conn.conn_id
         );
-        reply(Response::Welcome {
+        let facts = WelcomeFacts {
             node_id: self.node_id,
             capacity: self.pool.capacity(),
             features: FEATURE_COPY,
-            session,
             resumed,
             boot: self.boot,
+        };
+        reply(Response::Welcome {
+            node_id: facts.node_id,
+            capacity: facts.capacity,
+            features: facts.features,
+            resumed,
+            boot: facts.boot,
+            proof: auth::server_proof(&key, &t, &facts),
         })
     }
 

@@ -1,8 +1,8 @@
 //! Unit tests of the control service, fed frames directly (no sockets).
 
-use super::session::constant_time_eq;
 use super::*;
 use crate::region::{system_page_size, Region};
+use rmemfs_common::auth;
 use rmemfs_common::fabric::tcp::TcpRegistry;
 use rmemfs_common::fabric::{AccessError, ConnectionState, ControlHandler};
 use rmemfs_common::protocol::{
@@ -58,31 +58,89 @@ fn send_raw(s: &ControlService, c: &mut ConnectionState, frame: &[u8]) -> (Respo
     (resp, r.close)
 }
 
-fn hello(id: u64, token: &[u8]) -> Request {
-    hello_in(id, token, SessionSecret::NONE)
-}
-
-fn hello_in(id: u64, token: &[u8], session: SessionSecret) -> Request {
-    Request::Hello {
+/// Hello and Prove on `c` as client `id` with `token`, resuming `session` unless it
+/// is `NONE`, as a client does (`rmemfs_common::control::hello_in_session`): the last
+/// reply, its close flag, and the session's secret as the client now knows it (`NONE`
+/// when refused).
+fn greet(
+    s: &ControlService,
+    c: &mut ConnectionState,
+    id: u64,
+    token: &[u8],
+    session: SessionSecret,
+) -> (Response, bool, SessionSecret) {
+    let resume = !session.is_none();
+    let client_nonce = auth::new_nonce().unwrap();
+    let hello = Request::Hello {
         client_id: id,
-        token: token.to_vec(),
-        session,
+        nonce: client_nonce,
+        resume,
+    };
+    let (resp, close) = ask(s, c, &hello);
+    let Response::Challenge {
+        nonce: server_nonce,
+    } = resp
+    else {
+        return (resp, close, SessionSecret::NONE);
+    };
+    let t = auth::Transcript {
+        client_id: id,
+        client_nonce,
+        server_nonce,
+    };
+    let key = auth::token_key(token);
+    let prove = Request::Prove {
+        proof: auth::client_proof(&key, &t),
+        session: resume.then(|| auth::session_proof(&session, &t)),
+    };
+    let (resp, close) = ask(s, c, &prove);
+    if let Response::Welcome {
+        node_id,
+        capacity,
+        features,
+        resumed,
+        boot,
+        proof,
+    } = resp
+    {
+        let facts = auth::WelcomeFacts {
+            node_id,
+            capacity,
+            features,
+            resumed,
+            boot,
+        };
+        assert_eq!(
+            proof,
+            auth::server_proof(&key, &t, &facts),
+            "the memnode proves it knows the token, over what its Welcome says"
+        );
     }
+    let secret = match &resp {
+        Response::Welcome { resumed: true, .. } => session,
+        Response::Welcome { .. } => auth::session_secret(&key, &t),
+        _ => SessionSecret::NONE,
+    };
+    (resp, close, secret)
 }
 
-/// The session secret and `resumed` of a Welcome.
-fn welcomed(resp: &Response) -> (SessionSecret, bool) {
+/// The handshake of a new session on `c` as `id` with `token`.
+fn hello(s: &ControlService, c: &mut ConnectionState, id: u64, token: &[u8]) -> (Response, bool) {
+    let (resp, close, _) = greet(s, c, id, token, SessionSecret::NONE);
+    (resp, close)
+}
+
+/// Whether a Welcome says the session was resumed.
+fn resumed(resp: &Response) -> bool {
     match resp {
-        Response::Welcome {
-            session, resumed, ..
-        } => (*session, *resumed),
+        Response::Welcome { resumed, .. } => *resumed,
         other => panic!("expected Welcome, got {other:?}"),
     }
 }
 
-/// Hello on `c` as `id`, joining the session `of` (the Welcome of its first Hello).
-fn join(s: &ControlService, c: &mut ConnectionState, id: u64, of: &Response) -> Response {
-    let (resp, close) = ask(s, c, &hello_in(id, b"", welcomed(of).0));
+/// The handshake on `c` as `id`, joining the session of `secret`.
+fn join(s: &ControlService, c: &mut ConnectionState, id: u64, secret: SessionSecret) -> Response {
+    let (resp, close, _) = greet(s, c, id, b"", secret);
     assert!(!close, "joining the session was refused: {resp:?}");
     resp
 }
@@ -130,7 +188,7 @@ fn hello_is_checked_against_the_token() {
     let s = service(Some(TOKEN));
     for bad in [&b""[..], b"s3cre", b"s3cret!", b"S3cret"] {
         let mut c = conn(1);
-        let (resp, close) = ask(&s, &mut c, &hello(5, bad));
+        let (resp, close) = hello(&s, &mut c, 5, bad);
         assert_eq!(
             code(&resp),
             Some(ErrorCode::AuthFailed),
@@ -140,17 +198,27 @@ fn hello_is_checked_against_the_token() {
         assert_eq!(c.client, None, "a failed Hello must not authenticate");
     }
     let mut c = conn(2);
-    let (resp, close) = ask(&s, &mut c, &hello(5, TOKEN));
+    let (resp, close) = hello(&s, &mut c, 5, TOKEN);
+    let Response::Welcome {
+        node_id,
+        capacity,
+        features,
+        resumed,
+        boot,
+        ..
+    } = resp
+    else {
+        panic!("expected Welcome, got {resp:?}")
+    };
     assert_eq!(
-        resp,
-        Response::Welcome {
-            node_id: 0xfeed,
-            capacity: 16 * system_page_size(),
-            features: rmemfs_common::protocol::FEATURE_COPY,
-            session: welcomed(&resp).0,
-            resumed: false,
-            boot: 0,
-        }
+        (node_id, capacity, features, resumed, boot),
+        (
+            0xfeed,
+            16 * system_page_size(),
+            rmemfs_common::protocol::FEATURE_COPY,
+            false,
+            0
+        )
     );
     assert!(!close);
     assert_eq!(c.client, Some(5));
@@ -158,22 +226,63 @@ fn hello_is_checked_against_the_token() {
 }
 
 #[test]
-fn without_a_token_any_hello_is_welcome() {
+fn without_a_token_any_proof_is_welcome_but_the_memnode_proves_no_token() {
     let s = service(None);
     let mut c = conn(1);
-    let (resp, _) = ask(&s, &mut c, &hello(9, b"whatever"));
+    let (resp, _) = hello(&s, &mut c, 9, b"");
     assert!(
         matches!(resp, Response::Welcome { .. }),
         "expected Welcome, got {resp:?}"
     );
+    // A client that has a token gets in too, but the Welcome's proof is not made
+    // with its token: it sees the memnode does not know it (and refuses to go on).
+    let mut c = conn(2);
+    let client_nonce = [3; auth::NONCE_LEN];
+    let hello = Request::Hello {
+        client_id: 10,
+        nonce: client_nonce,
+        resume: false,
+    };
+    let Response::Challenge { nonce } = ask(&s, &mut c, &hello).0 else {
+        panic!("no challenge")
+    };
+    let t = auth::Transcript {
+        client_id: 10,
+        client_nonce,
+        server_nonce: nonce,
+    };
+    let key = auth::token_key(b"a token the memnode lacks");
+    let prove = Request::Prove {
+        proof: auth::client_proof(&key, &t),
+        session: None,
+    };
+    let Response::Welcome {
+        node_id,
+        capacity,
+        features,
+        resumed,
+        boot,
+        proof,
+    } = ask(&s, &mut c, &prove).0
+    else {
+        panic!("no welcome")
+    };
+    let facts = auth::WelcomeFacts {
+        node_id,
+        capacity,
+        features,
+        resumed,
+        boot,
+    };
+    assert_ne!(proof, auth::server_proof(&key, &t, &facts));
 }
 
 #[test]
 fn a_second_hello_is_a_bad_request() {
     let s = service(None);
     let mut c = conn(1);
-    ask(&s, &mut c, &hello(9, b""));
-    let (resp, close) = ask(&s, &mut c, &hello(10, b""));
+    hello(&s, &mut c, 9, b"");
+    let (resp, close) = hello(&s, &mut c, 10, b"");
     assert_eq!(code(&resp), Some(ErrorCode::BadRequest));
     assert!(!close);
     assert_eq!(
@@ -186,8 +295,9 @@ fn a_second_hello_is_a_bad_request() {
 #[test]
 fn undecodable_frames_get_an_error_and_close() {
     let s = service(None);
-    let mut v2 = Request::Stat.encode();
-    v2[0..2].copy_from_slice(&2u16.to_le_bytes());
+    // Version 1: a client from before the handshake of `auth.rs`.
+    let mut v1 = Request::Stat.encode();
+    v1[0..2].copy_from_slice(&1u16.to_le_bytes());
     let mut trailing = Request::Stat.encode();
     trailing.push(0);
     let mut bad_name = Request::VolumeOpen {
@@ -211,12 +321,12 @@ fn undecodable_frames_get_an_error_and_close() {
     short_destroy.pop();
     short_destroy[4] -= 1;
     let cases: [(&str, Vec<u8>, ErrorCode); 7] = [
-        ("protocol version 2", v2, ErrorCode::VersionMismatch),
+        ("protocol version 1", v1, ErrorCode::VersionMismatch),
         ("an empty frame", vec![], ErrorCode::BadRequest),
-        // Version 1 so the garbage gets past the version check.
+        // This version so the garbage gets past the version check.
         (
             "garbage",
-            vec![1, 0, 0xbe, 0xef, 1, 0, 0, 0, 5],
+            vec![2, 0, 0xbe, 0xef, 1, 0, 0, 0, 5],
             ErrorCode::BadRequest,
         ),
         ("trailing bytes", trailing, ErrorCode::BadRequest),
@@ -236,7 +346,7 @@ fn undecodable_frames_get_an_error_and_close() {
         for authenticated in [false, true] {
             let mut c = conn(1);
             if authenticated {
-                ask(&s, &mut c, &hello(3, b""));
+                hello(&s, &mut c, 3, b"");
             }
             let (resp, close) = send_raw(&s, &mut c, &frame);
             assert_eq!(code(&resp), Some(want), "{what}: expected {want:?}");
@@ -250,7 +360,7 @@ fn alloc_free_and_stat_after_hello() {
     let s = service(None);
     let page = system_page_size();
     let mut c = conn(1);
-    ask(&s, &mut c, &hello(3, b""));
+    hello(&s, &mut c, 3, b"");
     let (resp, _) = ask(&s, &mut c, &Request::Alloc { bytes: page + 1 });
     let Response::Allocated(a) = resp else {
         panic!("expected Allocated, got {resp:?}")
@@ -306,8 +416,8 @@ fn alloc_free_and_stat_after_hello() {
 fn another_client_cannot_free_a_chunk() {
     let s = service(None);
     let (mut a, mut b) = (conn(1), conn(2));
-    ask(&s, &mut a, &hello(1, b""));
-    ask(&s, &mut b, &hello(2, b""));
+    hello(&s, &mut a, 1, b"");
+    hello(&s, &mut b, 2, b"");
     let Response::Allocated(x) = ask(&s, &mut a, &Request::Alloc { bytes: 1 }).0 else {
         panic!("expected Allocated")
     };
@@ -327,9 +437,9 @@ fn another_client_cannot_free_a_chunk() {
 fn chunks_are_reclaimed_when_the_clients_last_connection_closes() {
     let s = service(None);
     let (mut a1, mut a2, mut b) = (conn(1), conn(2), conn(3));
-    let (first, _) = ask(&s, &mut a1, &hello(1, b""));
-    join(&s, &mut a2, 1, &first);
-    ask(&s, &mut b, &hello(2, b""));
+    let (_, _, secret) = greet(&s, &mut a1, 1, b"", SessionSecret::NONE);
+    join(&s, &mut a2, 1, secret);
+    hello(&s, &mut b, 2, b"");
     ask(&s, &mut a1, &Request::Alloc { bytes: 1 });
     ask(&s, &mut a2, &Request::Alloc { bytes: 1 });
     ask(&s, &mut b, &Request::Alloc { bytes: 1 });
@@ -349,16 +459,62 @@ fn chunks_are_reclaimed_when_the_clients_last_connection_closes() {
 }
 
 #[test]
-fn constant_time_eq_matches_plain_equality() {
-    for (a, b) in [
-        (&b""[..], &b""[..]),
-        (b"a", b""),
-        (b"abc", b"abc"),
-        (b"abc", b"abd"),
-        (b"ab", b"abc"),
-    ] {
-        assert_eq!(constant_time_eq(a, b), a == b, "{a:?} vs {b:?}");
-    }
+fn a_proof_is_good_for_its_own_connection_only() {
+    // An eavesdropper who saw a Prove cannot use it on a connection of its own: the
+    // memnode's nonce differs.
+    let s = service(Some(TOKEN));
+    let mut c = conn(1);
+    let client_nonce = [9; auth::NONCE_LEN];
+    let hello = Request::Hello {
+        client_id: 5,
+        nonce: client_nonce,
+        resume: false,
+    };
+    let Response::Challenge { nonce } = ask(&s, &mut c, &hello).0 else {
+        panic!("no challenge")
+    };
+    let t = auth::Transcript {
+        client_id: 5,
+        client_nonce,
+        server_nonce: nonce,
+    };
+    let seen = Request::Prove {
+        proof: auth::client_proof(&auth::token_key(TOKEN), &t),
+        session: None,
+    };
+    assert!(matches!(ask(&s, &mut c, &seen).0, Response::Welcome { .. }));
+    let mut replay = conn(2);
+    let Response::Challenge { nonce: other } = ask(&s, &mut replay, &hello).0 else {
+        panic!("no challenge")
+    };
+    assert_ne!(other, nonce, "each connection gets its own nonce");
+    let (resp, close) = ask(&s, &mut replay, &seen);
+    assert_eq!(code(&resp), Some(ErrorCode::AuthFailed), "{resp:?}");
+    assert!(close);
+    assert_eq!(replay.client, None);
+}
+
+#[test]
+fn prove_without_hello_or_hello_twice_is_refused_and_closes() {
+    let s = service(None);
+    let mut c = conn(1);
+    let prove = Request::Prove {
+        proof: [0; auth::PROOF_LEN],
+        session: None,
+    };
+    let (resp, close) = ask(&s, &mut c, &prove);
+    assert_eq!(code(&resp), Some(ErrorCode::NotAuthenticated));
+    assert!(close);
+    let hello = Request::Hello {
+        client_id: 1,
+        nonce: [1; auth::NONCE_LEN],
+        resume: false,
+    };
+    let mut c = conn(2);
+    ask(&s, &mut c, &hello);
+    let (resp, close) = ask(&s, &mut c, &hello);
+    assert_eq!(code(&resp), Some(ErrorCode::BadRequest));
+    assert!(close);
 }
 
 mod volumes;
@@ -376,7 +532,7 @@ fn copy_moves_bytes_between_a_clients_chunks_and_checks_every_span_first() {
     let (s, nic) = service_with(64, Duration::from_secs(10));
     let page = system_page_size();
     let mut c = conn(1);
-    ask(&s, &mut c, &hello(5, b""));
+    hello(&s, &mut c, 5, b"");
     let (a, b) = (
         alloc_on(&s, &mut c, 2 * page),
         alloc_on(&s, &mut c, 2 * page),
@@ -401,7 +557,7 @@ fn copy_moves_bytes_between_a_clients_chunks_and_checks_every_span_first() {
     // Past the end of the destination, or under another client's rkey: refused,
     // and nothing of the request is copied, not even its good first span.
     let mut other = conn(2);
-    ask(&s, &mut other, &hello(6, b""));
+    hello(&s, &mut other, 6, b"");
     let theirs = alloc_on(&s, &mut other, page);
     nic.write(6, theirs.addr, theirs.rkey, &vec![9u8; page as usize])
         .unwrap();
@@ -431,11 +587,11 @@ fn requests_and_refusals_show_in_the_metrics() {
     let s = Arc::new(service(Some(TOKEN)));
     let mut bad = conn(1);
     assert_eq!(
-        code(&ask(&s, &mut bad, &hello(7, b"wrong")).0),
+        code(&hello(&s, &mut bad, 7, b"wrong").0),
         Some(ErrorCode::AuthFailed)
     );
     let mut c = conn(2);
-    ask(&s, &mut c, &hello(8, TOKEN));
+    hello(&s, &mut c, 8, TOKEN);
     ask(&s, &mut c, &Request::Stat);
     let page = system_page_size();
     assert!(code(&ask(&s, &mut c, &Request::Alloc { bytes: page }).0).is_none());
@@ -476,14 +632,13 @@ fn requests_and_refusals_show_in_the_metrics() {
 fn a_second_connection_joins_a_session_only_with_its_secret() {
     let s = service_with_grace(Duration::from_secs(60));
     let mut a = conn(1);
-    let (first, _) = ask(&s, &mut a, &hello(1, b""));
-    let (secret, resumed) = welcomed(&first);
+    let (first, _, secret) = greet(&s, &mut a, 1, b"", SessionSecret::NONE);
     assert!(!secret.is_none(), "a new session gets a secret");
-    assert!(!resumed, "a new session is not a resumed one");
+    assert!(!resumed(&first), "a new session is not a resumed one");
     // Knowing the client id is not enough: no secret, or a wrong one, is refused.
     for wrong in [SessionSecret::NONE, SessionSecret([7; 16])] {
         let mut intruder = conn(2);
-        let (resp, close) = ask(&s, &mut intruder, &hello_in(1, b"", wrong));
+        let (resp, close, _) = greet(&s, &mut intruder, 1, b"", wrong);
         assert_eq!(code(&resp), Some(ErrorCode::AuthFailed), "{resp:?}");
         assert!(close, "a refused Hello closes the connection");
         assert_eq!(intruder.client, None);
@@ -496,19 +651,16 @@ fn a_second_connection_joins_a_session_only_with_its_secret() {
         );
     }
     let mut a2 = conn(3);
-    let resp = join(&s, &mut a2, 1, &first);
-    assert_eq!(welcomed(&resp), (secret, true));
-    assert!(
-        !format!("{resp:?} {:?}", hello_in(1, b"", secret)).contains(&format!("{:?}", secret.0)),
-        "Debug output never shows the secret"
-    );
+    let (resp, _, joined) = greet(&s, &mut a2, 1, b"", secret);
+    assert!(resumed(&resp));
+    assert_eq!(joined, secret);
 }
 
 #[test]
 fn an_idle_session_keeps_its_memory_through_the_grace_period_and_resumes() {
     let s = service_with_grace(Duration::from_secs(60));
     let mut a = conn(1);
-    let (first, _) = ask(&s, &mut a, &hello(1, b""));
+    let (_, _, secret) = greet(&s, &mut a, 1, b"", SessionSecret::NONE);
     let (resp, _) = ask(&s, &mut a, &Request::Alloc { bytes: 1 });
     let Response::Allocated(chunk) = resp else {
         panic!("alloc: {resp:?}")
@@ -523,8 +675,8 @@ fn an_idle_session_keeps_its_memory_through_the_grace_period_and_resumes() {
     assert_eq!(s.stats().clients, 0, "no client is connected");
     assert_eq!(s.reap_expired(), 0, "the grace period has not run out");
     let mut back = conn(2);
-    let resp = join(&s, &mut back, 1, &first);
-    assert!(welcomed(&resp).1, "the reconnect resumed the session");
+    let resp = join(&s, &mut back, 1, secret);
+    assert!(resumed(&resp), "the reconnect resumed the session");
     assert_eq!(s.idle_sessions(), 0);
     assert_eq!(s.counters.sessions_resumed.load(Ordering::Relaxed), 1);
     // Its session lists it (a client whose Alloc reply was lost finds it so).
@@ -552,7 +704,7 @@ fn an_idle_session_keeps_its_memory_through_the_grace_period_and_resumes() {
 fn a_session_not_resumed_within_its_grace_is_reclaimed_and_a_late_resume_starts_anew() {
     let s = service_with_grace(Duration::from_millis(50));
     let mut a = conn(1);
-    let (first, _) = ask(&s, &mut a, &hello(1, b""));
+    let (_, _, first) = greet(&s, &mut a, 1, b"", SessionSecret::NONE);
     ask(&s, &mut a, &Request::Alloc { bytes: 1 });
     s.disconnected(&a);
     std::thread::sleep(Duration::from_millis(80));
@@ -566,18 +718,17 @@ fn a_session_not_resumed_within_its_grace_is_reclaimed_and_a_late_resume_starts_
     // The old secret now starts a new, empty session: the client learns its memory
     // is gone from `resumed`.
     let mut late = conn(2);
-    let (resp, close) = ask(&s, &mut late, &hello_in(1, b"", welcomed(&first).0));
+    let (resp, close, secret) = greet(&s, &mut late, 1, b"", first);
     assert!(!close);
-    let (secret, resumed) = welcomed(&resp);
-    assert!(!resumed, "nothing was there to resume");
-    assert_ne!(secret, welcomed(&first).0, "a new session has a new secret");
+    assert!(!resumed(&resp), "nothing was there to resume");
+    assert_ne!(secret, first, "a new session has a new secret");
 }
 
 #[test]
 fn a_session_that_ended_is_reclaimed_when_its_last_connection_closes() {
     let s = service_with_grace(Duration::from_secs(60));
     let mut a = conn(1);
-    ask(&s, &mut a, &hello(1, b""));
+    hello(&s, &mut a, 1, b"");
     ask(&s, &mut a, &Request::Alloc { bytes: 1 });
     let (resp, _) = ask(&s, &mut a, &Request::SessionEnd);
     assert_eq!(resp, Response::SessionEnding);

@@ -24,12 +24,7 @@ fn client(s: &ControlService, conn_id: u64, client: u64) -> ConnectionState {
     let key = (s as *const ControlService as usize, client);
     let known = SESSIONS.with(|m| m.borrow().get(&key).copied());
     let mut c = conn(conn_id);
-    let (resp, _) = ask(
-        s,
-        &mut c,
-        &hello_in(client, b"", known.unwrap_or(SessionSecret::NONE)),
-    );
-    let (secret, _) = welcomed(&resp);
+    let (_, _, secret) = greet(s, &mut c, client, b"", known.unwrap_or(SessionSecret::NONE));
     SESSIONS.with(|m| m.borrow_mut().insert(key, secret));
     c
 }
