@@ -20,8 +20,10 @@ use std::time::Duration;
 const TOKEN: &[u8] = b"a token the fuzzer cannot guess, 40 bytes";
 
 fn memnode_addr() -> &'static str {
-    static ADDR: OnceLock<String> = OnceLock::new();
-    ADDR.get_or_init(|| {
+    // The memnode serves for the life of the process, kept here so that what it
+    // allocated stays reachable (the leak checker counts a forgotten one as leaked).
+    static NODE: OnceLock<(String, Mutex<memnode::Memnode>)> = OnceLock::new();
+    &NODE.get_or_init(|| {
         let node = memnode::Memnode::start(memnode::MemnodeConfig {
             listen: "127.0.0.1:0".into(),
             size: 4 << 20,
@@ -34,11 +36,9 @@ fn memnode_addr() -> &'static str {
             memory_file: None,
         })
         .expect("memnode starts");
-        let addr = node.local_addr().to_string();
-        // The memnode serves for the life of the process.
-        std::mem::forget(node);
-        addr
+        (node.local_addr().to_string(), Mutex::new(node))
     })
+    .0
 }
 
 /// Takes `n` bytes (zero-padded when the input runs out).

@@ -38,7 +38,7 @@ pub use metrics::MemnodeCollector;
 pub use region::RegionError;
 
 use rmemfs_common::fabric::{self, FabricError, Server, Transport};
-use rmemfs_common::protocol::{NodeStats, VolumeSummary, MAX_TOKEN_LEN};
+use rmemfs_common::protocol::{NodeStats, VolumeSummary, MAX_TOKEN_LEN, MIN_TOKEN_LEN};
 use rmemfs_common::size::format_size;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -61,7 +61,9 @@ pub struct MemnodeConfig {
     pub listen: String,
     /// Bytes to lend, rounded down to whole pages.
     pub size: u64,
-    /// When set, every client's Hello must carry this token.
+    /// When set, every client must prove it knows this token (`rmemfs_common::auth`);
+    /// `None`: no authentication (the binary allows that beyond loopback only with
+    /// `--insecure`). Empty or shorter than `MIN_TOKEN_LEN`: refused.
     pub token: Option<Vec<u8>>,
     /// Try 2 MiB huge pages (falls back to normal pages with a warning).
     pub huge_pages: bool,
@@ -89,8 +91,13 @@ pub struct MemnodeConfig {
 /// Why a memnode could not start.
 #[derive(Debug, Error)]
 pub enum MemnodeError {
-    #[error("the token is {len} bytes; the protocol carries at most {MAX_TOKEN_LEN}")]
+    #[error("the token is {len} bytes; at most {MAX_TOKEN_LEN} are taken")]
     TokenTooLong { len: usize },
+    /// An empty token would mean no authentication while looking like one.
+    #[error("the token is empty; give one of at least {MIN_TOKEN_LEN} bytes (an empty RMEMFS_TOKEN counts), or none")]
+    TokenEmpty,
+    #[error("the token is {len} bytes; a token of fewer than {MIN_TOKEN_LEN} is too easily guessed (e.g. head -c 32 /dev/urandom | base64)")]
+    TokenTooShort { len: usize },
     #[error(transparent)]
     Region(#[from] RegionError),
     #[error(transparent)]
@@ -137,8 +144,14 @@ impl Memnode {
     /// Picks the transport, binds the listener, reserves the region and starts
     /// serving in the background.
     pub fn start(cfg: MemnodeConfig) -> Result<Memnode, MemnodeError> {
-        let token = cfg.token.filter(|t| !t.is_empty());
+        let token = cfg.token;
         if let Some(t) = &token {
+            if t.is_empty() {
+                return Err(MemnodeError::TokenEmpty);
+            }
+            if t.len() < MIN_TOKEN_LEN {
+                return Err(MemnodeError::TokenTooShort { len: t.len() });
+            }
             if t.len() > MAX_TOKEN_LEN {
                 return Err(MemnodeError::TokenTooLong { len: t.len() });
             }
@@ -222,7 +235,7 @@ impl Memnode {
             if token.is_some() {
                 ", token required"
             } else {
-                ""
+                ", NO TOKEN: any client that reaches it is let in"
             }
         );
         Ok(Memnode {

@@ -46,6 +46,11 @@ struct Cli {
           value_parser = rmemfs_common::token::read_token_file)]
     token_file: Option<String>,
 
+    /// Serve with no token on an address beyond loopback: anyone who reaches the
+    /// port may allocate, read and write. Without it such a memnode refuses to start.
+    #[arg(long)]
+    insecure: bool,
+
     /// Back the region with 2 MiB huge pages (falls back to normal pages if none).
     #[arg(long)]
     huge_pages: bool,
@@ -134,10 +139,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             .context("--lock-memory")?
             .log("--lock-memory");
     }
+    let token = cli.token.or(cli.token_file).map(String::into_bytes);
+    if token.is_none() {
+        refuse_open_doors(&cli.listen, cli.insecure)?;
+    }
     let mut node = Memnode::start(MemnodeConfig {
         listen: cli.listen.clone(),
         size: cli.size,
-        token: cli.token.or(cli.token_file).map(String::into_bytes),
+        token,
         huge_pages: cli.huge_pages,
         transport: cli.transport,
         poll: std::time::Duration::from_micros(cli.poll_us),
@@ -187,5 +196,28 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
     );
     node.shutdown();
+    Ok(())
+}
+
+/// A memnode without a token lets in whoever reaches its port: on loopback only that
+/// host's users, beyond it the network. That needs saying out loud: `--insecure`.
+fn refuse_open_doors(listen: &str, insecure: bool) -> anyhow::Result<()> {
+    use std::net::ToSocketAddrs;
+    let beyond: Vec<std::net::SocketAddr> = listen
+        .to_socket_addrs()
+        .map_err(|e| anyhow::anyhow!("--listen {listen}: {e}"))?
+        .filter(|a| !a.ip().is_loopback())
+        .collect();
+    let Some(first) = beyond.first() else {
+        return Ok(());
+    };
+    if !insecure {
+        anyhow::bail!(
+            "--listen {listen} reaches beyond this host ({first}) and no token is set: anyone who reaches the port could use and read this memory. Give --token-file PATH (or --token, RMEMFS_TOKEN), listen on 127.0.0.1, or say --insecure"
+        );
+    }
+    log::warn!(
+        "--insecure: serving {listen} ({first}) with no token; any client that reaches the port is let in"
+    );
     Ok(())
 }

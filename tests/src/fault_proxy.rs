@@ -67,7 +67,13 @@ struct Shared {
     accepted: AtomicUsize,
     next_id: AtomicU64,
     conns: Mutex<HashMap<u64, Conn>>,
+    /// Every byte forwarded either way, up to [`RECORD_LIMIT`]: what an eavesdropper on
+    /// the path would see (see [`FaultProxy::recorded`]).
+    recorded: Mutex<Vec<u8>>,
 }
+
+/// Bytes the proxy keeps of what it forwarded.
+const RECORD_LIMIT: usize = 64 << 20;
 
 impl Shared {
     fn mode(&self) -> MutexGuard<'_, Mode> {
@@ -151,6 +157,7 @@ impl FaultProxy {
             accepted: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
             conns: Mutex::new(HashMap::new()),
+            recorded: Mutex::new(Vec::new()),
         });
         let acceptor = {
             let shared = Arc::clone(&shared);
@@ -167,6 +174,12 @@ impl FaultProxy {
     }
 
     /// "127.0.0.1:PORT", the address to give fsd as `--memnode`.
+    /// Every byte the proxy forwarded so far, both ways run together (the first 64
+    /// MiB): what an eavesdropper on the path saw.
+    pub fn recorded(&self) -> Vec<u8> {
+        lock(&self.shared.recorded).clone()
+    }
+
     pub fn addr(&self) -> String {
         self.addr.to_string()
     }
@@ -375,6 +388,11 @@ fn pump(from: &TcpStream, to: &TcpStream, abort: &AtomicBool, shared: &Shared) {
             Err(e) if is_transient(&e) => continue,
             Err(_) => return fail(),
         };
+        {
+            let mut seen = lock(&shared.recorded);
+            let room = RECORD_LIMIT.saturating_sub(seen.len()).min(n);
+            seen.extend_from_slice(&buf[..room]);
+        }
         let mut rest = &buf[..n];
         while !rest.is_empty() {
             // Checked before every write, not only before reads: bytes read just as a

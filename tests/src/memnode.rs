@@ -120,6 +120,21 @@ impl MemnodeProc {
         } else {
             &["--session-grace", TEST_SESSION_GRACE]
         };
+        // A memnode with no token beyond loopback (the Soft-RoCE VM's RDMA address)
+        // must be told it is meant: the VM's network is the test's own.
+        let authenticated = extra
+            .iter()
+            .any(|a| matches!(*a, "--token" | "--token-file" | "--tenants" | "--insecure"));
+        let loopback = listen
+            .rsplit_once(':')
+            .map(|(host, _)| host.trim_matches(['[', ']']))
+            .and_then(|host| host.parse::<std::net::IpAddr>().ok())
+            .is_some_and(|ip| ip.is_loopback());
+        let insecure: &[&str] = if authenticated || loopback {
+            &[]
+        } else {
+            &["--insecure"]
+        };
         let argv: Vec<String> = [
             "--transport",
             &transport_name,
@@ -130,6 +145,7 @@ impl MemnodeProc {
         ]
         .iter()
         .chain(grace)
+        .chain(insecure)
         .chain(extra)
         .map(|a| a.to_string())
         .collect();

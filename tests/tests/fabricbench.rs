@@ -154,10 +154,17 @@ fn refusals_and_bad_arguments_are_clear_errors_that_leave_nothing_behind() {
         "nothing left allocated"
     );
 
-    let guarded = MemnodeProc::start_with("16M", &["--token", "right"]);
+    let guarded = MemnodeProc::start_with("16M", &["--token", "the-right-token-of-the-test"]);
     let out = fabricbench(
         &guarded,
-        &["--rw", "read", "--size", "1M", "--token", "wrong"],
+        &[
+            "--rw",
+            "read",
+            "--size",
+            "1M",
+            "--token",
+            "a-wrong-token-of-the-test",
+        ],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a wrong token was accepted");

@@ -43,7 +43,7 @@ fn a_token_file_admits_fsd_and_keeps_the_secret_out_of_sight() {
     assert_eq!(shows(fsd.pid(), &secret), Vec::<String>::new(), "fsd");
     fsd.unmount();
 
-    let wrong = token_file(&dir, "wrong", "not-the-token");
+    let wrong = token_file(&dir, "wrong", "not-the-token-of-this-memnode");
     let refused = FsdMount::refused(&[&memnode], &["--token-file", &wrong]);
     assert!(!refused.status.success());
     assert!(

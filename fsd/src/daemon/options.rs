@@ -229,12 +229,18 @@ impl Options {
         if self.rereplication_rate < self.block_size {
             bail!("--rereplication-rate must be at least one block per second");
         }
-        let token_len = self.token().map_or(0, |t| t.len());
-        if token_len > rmemfs_common::protocol::MAX_TOKEN_LEN {
-            bail!(
-                "--token is {token_len} bytes; at most {} are allowed",
-                rmemfs_common::protocol::MAX_TOKEN_LEN
-            );
+        if let Some(token) = self.token() {
+            use rmemfs_common::protocol::{MAX_TOKEN_LEN, MIN_TOKEN_LEN};
+            let len = token.len();
+            if len == 0 {
+                bail!("--token (or RMEMFS_TOKEN) is empty: give the memnodes' token, or none at all for memnodes that have none");
+            }
+            if len < MIN_TOKEN_LEN {
+                bail!("--token is {len} bytes; a token of fewer than {MIN_TOKEN_LEN} is too easily guessed, and no memnode takes one");
+            }
+            if len > MAX_TOKEN_LEN {
+                bail!("--token is {len} bytes; at most {MAX_TOKEN_LEN} are allowed");
+            }
         }
         if let Some(v) = &self.volume {
             if !rmemfs_common::protocol::valid_volume_name(v.as_bytes()) {

@@ -185,9 +185,14 @@ impl ControlService {
         self.heard().insert(client_id, Instant::now());
         conn.client = Some(client_id);
         log::info!(
-            "client {client_id:#x} connected from {} (conn {})",
+            "client {client_id:#x} connected from {} (conn {}){}",
             conn.peer,
-            conn.conn_id
+            conn.conn_id,
+            if self.token.is_none() {
+                " with no token: this memnode checks none"
+            } else {
+                ""
+            }
         );
         let facts = WelcomeFacts {
             node_id: self.node_id,
