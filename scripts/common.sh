@@ -48,10 +48,12 @@ install_system_packages() {
 # userland taken from Debian packages (busybox, rdma-core's tools and rxe provider,
 # iproute2's ip and rdma, fusermount3), the tools that build the initramfs (cpio, kmod
 # for depmod and modprobe --show-depends, xz/zstd for compressed modules, binutils for
-# strip) and jq for cargo's JSON messages. perftest is optional (build-guest.sh).
+# strip) and jq for cargo's JSON messages; wireguard-tools for the guest's `wg` (the
+# WireGuard test, tests/tests/wireguard.rs; the host's kernel needs no WireGuard).
+# perftest is optional (build-guest.sh).
 install_softroce_packages() {
     apt_install qemu-system-x86 busybox-static ibverbs-utils rdmacm-utils ibverbs-providers \
-        iproute2 cpio kmod xz-utils zstd fuse3 binutils jq
+        iproute2 cpio kmod xz-utils zstd fuse3 binutils jq wireguard-tools
 }
 
 # Puts cargo on PATH, installing a Rust toolchain with rustup if there is none (Debian

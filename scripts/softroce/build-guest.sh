@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the Soft-RoCE test guest from Debian packages only: a stock Debian 6.1 kernel
 # (which ships rdma_rxe) and a small initramfs with busybox, iproute2 (ip, rdma),
-# rdma-core's tools and rxe provider, perftest, fusermount3, and the kernel modules for
-# Soft-RoCE and FUSE. run-guest.sh boots it with qemu.
+# rdma-core's tools and rxe provider, perftest, fusermount3, wg, and the kernel modules
+# for Soft-RoCE, FUSE, WireGuard and veth. run-guest.sh boots it with qemu.
 #
 # Usage: build-guest.sh [--workdir DIR] [--kernel-package NAME] [--strip]
 #                       [--add HOST[:GUEST]]...
@@ -145,9 +145,21 @@ fi
 # ib_uverbs and rdma_ucm give userspace /dev/infiniband/{uverbs0,rdma_cm}; rdma_ucm
 # pulls in rdma_cm, ib_cm, iw_cm and configfs. fuse gives /dev/fuse.
 wanted_modules=(dummy crc32_generic rdma_rxe ib_uverbs rdma_ucm fuse)
+# Modules for tests rather than for Soft-RoCE: wireguard and veth (tests/tests/wireguard.rs
+# joins two network namespaces with a veth pair and a WireGuard tunnel over it; its
+# dependencies are udp_tunnel, which rdma_rxe loads anyway, and the curve25519, chacha
+# and poly1305 libraries). guest-init.sh loads them after the others and only warns
+# when one fails, so a test's module cannot stop the Soft-RoCE tests; the test that
+# needs it fails saying what is missing.
+test_modules=(wireguard veth)
 module_order=()
+test_module_order=()
 declare -A seen_module=()
-for m in "${wanted_modules[@]}"; do
+# add_module NAME ARRAY: appends NAME's module files, dependencies first, that no
+# earlier module brought in, to the array named ARRAY.
+add_module() {
+    local m="$1" deps kind path _
+    local -n order="$2"
     deps="$(modprobe -d "$kdir" -S "$kver" --show-depends "$m")" ||
         die "modprobe --show-depends $m failed against $kdir"
     while read -r kind path _; do
@@ -155,13 +167,19 @@ for m in "${wanted_modules[@]}"; do
         insmod)
             if [ -z "${seen_module[$path]:-}" ]; then
                 seen_module[$path]=1
-                module_order+=("$path")
+                order+=("$path")
             fi
             ;;
         builtin) ;; # built into the kernel: nothing to load
         *) die "unexpected modprobe --show-depends line for $m: $kind $path" ;;
         esac
     done <<<"$deps"
+}
+for m in "${wanted_modules[@]}"; do
+    add_module "$m" module_order
+done
+for m in "${test_modules[@]}"; do
+    add_module "$m" test_module_order
 done
 
 # ---------------------------------------------------------------------------------
@@ -237,7 +255,8 @@ while read -r applet; do
     fi
 done < <("$busybox" --list-full)
 
-tools=(ip rdma fusermount3 ibv_devinfo ibv_devices ibv_rc_pingpong rping)
+# wg (wireguard-tools) makes the keys of tests/tests/wireguard.rs and sets up its tunnel.
+tools=(ip rdma fusermount3 ibv_devinfo ibv_devices ibv_rc_pingpong rping wg)
 if command -v ib_write_bw >/dev/null; then
     tools+=(ib_write_bw ib_read_bw ib_send_bw ib_write_lat ib_read_lat)
 fi
@@ -269,21 +288,29 @@ libgcc="$(ldconfig -p | awk '/libgcc_s\.so\.1 .*x86-64/ && !n++ {print $NF}')"
 put_file "$libgcc" "$libgcc"
 
 # Kernel modules, decompressed on the host: the initramfs is gzipped anyway, and
-# busybox insmod then needs no decompression support.
-: >"$root/etc/softroce/modules"
-for path in "${module_order[@]}"; do
-    name="$(basename "$path")"
-    dst="/lib/modules/$kver/${name%.ko*}.ko"
-    mkdir -p "$root/lib/modules/$kver"
-    case "$name" in
-    *.ko) cp "$path" "$root$dst" ;;
-    *.ko.xz) xz -dc "$path" >"$root$dst" ;;
-    *.ko.zst) zstd -qdc "$path" >"$root$dst" ;;
-    *.ko.gz) gzip -dc "$path" >"$root$dst" ;;
-    *) die "unknown module file type: $path" ;;
-    esac
-    echo "$dst" >>"$root/etc/softroce/modules"
-done
+# busybox insmod then needs no decompression support. One list for Soft-RoCE's
+# modules and one for the tests' (guest-init.sh treats their failures differently).
+# put_modules LIST PATH...: the modules into the image, their guest paths into LIST.
+put_modules() {
+    local list="$1" path name dst
+    shift
+    : >"$root/etc/softroce/$list"
+    for path in "$@"; do
+        name="$(basename "$path")"
+        dst="/lib/modules/$kver/${name%.ko*}.ko"
+        mkdir -p "$root/lib/modules/$kver"
+        case "$name" in
+        *.ko) cp "$path" "$root$dst" ;;
+        *.ko.xz) xz -dc "$path" >"$root$dst" ;;
+        *.ko.zst) zstd -qdc "$path" >"$root$dst" ;;
+        *.ko.gz) gzip -dc "$path" >"$root$dst" ;;
+        *) die "unknown module file type: $path" ;;
+        esac
+        echo "$dst" >>"$root/etc/softroce/$list"
+    done
+}
+put_modules modules "${module_order[@]}"
+put_modules test-modules "${test_module_order[@]}"
 
 # Minimal /etc: enough for getpwuid, localhost, and fusermount3's mount table.
 cat >"$root/etc/passwd" <<'EOF'
@@ -355,5 +382,5 @@ ln -sfn "kernel/$kver/boot/vmlinuz-$kver" "$work/vmlinuz"
 echo "$kver" >"$work/kernel-version"
 
 size="$(du -k "$work/initrd.cpio.gz" | cut -f1)"
-log "guest ready in $((SECONDS - started)) s: kernel $kver ($kernel_pkg), initramfs ${size} KiB gzipped, ${#module_order[@]} modules"
+log "guest ready in $((SECONDS - started)) s: kernel $kver ($kernel_pkg), initramfs ${size} KiB gzipped, ${#module_order[@]} modules (+ ${#test_module_order[@]} for tests)"
 printf '  %s\n' "$work/vmlinuz" "$work/initrd.cpio.gz" >&2

@@ -10,8 +10,9 @@
 # contain it; one still running after WATCH seconds is hung: where its threads are is
 # printed, it is killed with status 124 and the next binary runs) with the environment the harness and common/tests/fabric.rs read:
 # RMEMFS_TRANSPORT, RMEMFS_BIN_DIR (memnode, fsd, rmemfs and fabricbench are in /usr/local/bin),
-# RMEMFS_TEST_OP_TIMEOUT (fsd's --op-timeout) and RMEMFS_TEST_HOST (where test servers
-# and memnodes listen: rxe0's IPv4 address, since RoCE cannot reach loopback).
+# RMEMFS_TEST_OP_TIMEOUT (fsd's --op-timeout), RMEMFS_TEST_HOST (where test servers
+# and memnodes listen: rxe0's IPv4 address, since RoCE cannot reach loopback) and
+# RMEMFS_TEST_WIREGUARD=required (the WireGuard test runs here, never skips).
 # Around each binary it prints `E2E-BEGIN NAME` and `E2E-END NAME rc=N seconds=S`;
 # e2e.sh counts libtest's own `test result:` lines between them.
 # Exit status: the number of test binaries that failed.
@@ -25,6 +26,9 @@ export RMEMFS_TRANSPORT="$transport"
 export RMEMFS_BIN_DIR=/usr/local/bin
 export RMEMFS_TEST_OP_TIMEOUT="$op_timeout"
 export RMEMFS_TEST_HOST="${SOFTROCE_IP:-10.0.2.15}"
+# The guest has WireGuard (build-guest.sh): tests/tests/wireguard.rs, which skips on a
+# host without it, must run here, and fails if it cannot.
+export RMEMFS_TEST_WIREGUARD=required
 export RUST_BACKTRACE=1
 
 now() {

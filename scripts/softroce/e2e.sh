@@ -19,8 +19,11 @@
 #                     tests of replication, a memnode stalled past the op timeout and
 #                     resumed (an rdma_cm disconnect and reconnect), a volume whose
 #                     newest metadata is on a memnode that is away at mount (refused,
-#                     then --degraded), fabricbench, two tests of volumes, volumes_damage and
-#                     integrity (page checksums, read repair and scrubbing over verbs);
+#                     then --degraded), fabricbench, two tests of volumes, volumes_damage,
+#                     integrity (page checksums, read repair and scrubbing over verbs) and
+#                     wireguard (memnode and fsd over a WireGuard tunnel between two
+#                     network namespaces, over tcp whatever the transport: the host's
+#                     kernel has no WireGuard, the guest's has; about 20 s);
 #                     the 10,000-file tree and fsx of volumes take 390 s and 215 s in the guest,
 #                     so they run there only when named). NAME:FILTER runs only the tests of binary
 #                     NAME whose names contain FILTER.
@@ -51,7 +54,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/lib.sh"
 
 transport=verbs
-tests=round_trip,full_remote_memory,posix,remote_memory_reclaim,remote_traffic:moves_4k_per_request,replication:two_replicas_survive,replication:one_replica_losing,transient_faults:stalled,transient_faults:not_rolled_back,transient_faults:memory_file,fabricbench,volumes:second_fsd_is_refused_and_takeover_fences,volumes:rmemfs_volume_list_and_destroy,volumes_damage,integrity
+tests=round_trip,full_remote_memory,posix,remote_memory_reclaim,remote_traffic:moves_4k_per_request,replication:two_replicas_survive,replication:one_replica_losing,transient_faults:stalled,transient_faults:not_rolled_back,transient_faults:memory_file,fabricbench,volumes:second_fsd_is_refused_and_takeover_fences,volumes:rmemfs_volume_list_and_destroy,volumes_damage,integrity,wireguard
 timeout_s=1200
 mem=2048
 smp=2

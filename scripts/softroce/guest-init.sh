@@ -2,9 +2,10 @@
 # shellcheck shell=dash
 # /init of the Soft-RoCE guest (run by busybox sh as PID 1; build-guest.sh installs it).
 #
-# Loads the kernel modules in the order build-guest.sh computed, brings up Soft-RoCE
-# (rxe0 on dummy0), waits until rxe0 has its IPv4-mapped GID, runs the command that
-# run-guest.sh put in /etc/softroce/cmd, prints `SOFTROCE-RESULT rc=N` and powers off.
+# Loads the kernel modules in the order build-guest.sh computed (Soft-RoCE's, then the
+# tests' own), brings up Soft-RoCE (rxe0 on dummy0), waits until rxe0 has its
+# IPv4-mapped GID, runs the command that run-guest.sh put in /etc/softroce/cmd, prints
+# `SOFTROCE-RESULT rc=N` and powers off.
 # If the setup itself fails it prints `SOFTROCE-SETUP-FAILED: why` instead, so the host
 # can tell a broken harness from a failing test.
 
@@ -64,6 +65,13 @@ ulimit -l unlimited 2>/dev/null || true
 while read -r mod; do
     insmod "$mod" || setup_failed "insmod $mod failed"
 done </etc/softroce/modules
+# The tests' own modules (WireGuard, veth): one that fails to load is said, not fatal,
+# so it cannot stop the Soft-RoCE tests; the test that needs it fails naming it.
+if [ -r /etc/softroce/test-modules ]; then
+    while read -r mod; do
+        insmod "$mod" || echo "softroce-init: insmod $mod failed: the tests that need it will fail"
+    done </etc/softroce/test-modules
+fi
 
 # devtmpfs should have made it; mknod is the fallback (misc device 10:229). devtmpfs
 # makes it 0600; udev would make it 0666, which non-root FUSE mounts need.

@@ -46,10 +46,15 @@
 //!   xattrs, contents digests) to compare before and after a remount; [`procmem`]
 //!   reads and damages a memnode's memory through `/proc/PID/mem`; [`fileset`] keeps
 //!   files of known contents to check after every remount.
+//! - [`wireguard`] makes a second "host" (a network namespace) joined to the test's by
+//!   a veth pair with a WireGuard tunnel over it ([`MemnodeProc::start_in_netns`] runs
+//!   a memnode there), and [`capture`] records the raw frames of an interface, for the
+//!   test that proves what crosses the wire (tests/tests/wireguard.rs).
 //!
 //! Every wait is bounded by a deadline; nothing synchronises with a bare sleep.
 
 pub mod binaries;
+pub mod capture;
 pub mod command;
 pub mod config;
 pub mod data;
@@ -72,6 +77,7 @@ pub mod tmpfs;
 pub mod transport;
 pub mod tree;
 pub mod volume;
+pub mod wireguard;
 
 pub use data::{Pattern, UncachedReader, MIB};
 pub use fsd::{mount_entry, FsdMount, MountEntry, Refusal};

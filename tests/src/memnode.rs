@@ -1,6 +1,6 @@
 //! A `memnode` process under test.
 
-use crate::binaries::binary;
+use crate::binaries::{binary, program};
 use crate::output::{self, Announce, Tail};
 use crate::transport::{self, Transport};
 use rmemfs_common::control;
@@ -69,7 +69,7 @@ impl MemnodeProc {
         transport::announce(transport, false, "memnode");
         let deadline = Instant::now() + REBIND_LIMIT;
         loop {
-            match MemnodeProc::spawn(transport, addr, size, extra) {
+            match MemnodeProc::spawn(None, transport, addr, size, extra) {
                 Ok(m) => {
                     assert_eq!(
                         m.addr, addr,
@@ -98,13 +98,31 @@ impl MemnodeProc {
         );
         transport::announce(transport, fixed, "memnode");
         let listen = transport::listen_arg(transport);
-        MemnodeProc::spawn(transport, &listen, size, extra).unwrap_or_else(|e| panic!("{e}"))
+        MemnodeProc::spawn(None, transport, &listen, size, extra).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// Starts a memnode listening on `listen` and waits for its announcement. A memnode
+    /// `memnode --transport T --listen LISTEN --size SIZE EXTRA...` run by `ip netns
+    /// exec NETNS` (which execs it, so the process is the memnode itself): a memnode on
+    /// another "host" of this machine (crate::wireguard). LISTEN is `HOST:PORT`, port 0
+    /// for a free one; T is fixed by the test.
+    pub fn start_in_netns(
+        netns: &str,
+        transport: Transport,
+        listen: &str,
+        size: &str,
+        extra: &[&str],
+    ) -> MemnodeProc {
+        transport::announce(transport, true, "memnode");
+        MemnodeProc::spawn(Some(netns), transport, listen, size, extra)
+            .unwrap_or_else(|e| panic!("in network namespace {netns}: {e}"))
+    }
+
+    /// Starts a memnode listening on `listen` (in network namespace `netns` when
+    /// given) and waits for its announcement. A memnode
     /// that exits before listening is an `Err` carrying its status and stderr; one that
     /// hangs or announces nonsense panics.
     fn spawn(
+        netns: Option<&str>,
         transport: Transport,
         listen: &str,
         size: &str,
@@ -149,7 +167,18 @@ impl MemnodeProc {
         .chain(extra)
         .map(|a| a.to_string())
         .collect();
-        let (mut child, stdout, stderr) = output::spawn_daemon(&bin, &argv, "memnode");
+        let (mut child, stdout, stderr) = match netns {
+            None => output::spawn_daemon(&bin, &argv, "memnode"),
+            Some(ns) => {
+                let wrapped: Vec<String> = ["netns", "exec", ns]
+                    .iter()
+                    .map(|a| a.to_string())
+                    .chain(std::iter::once(bin.to_string_lossy().into_owned()))
+                    .chain(argv.iter().cloned())
+                    .collect();
+                output::spawn_daemon(&program("ip", "iproute2"), &wrapped, "memnode")
+            }
+        };
         let token = extra
             .iter()
             .position(|a| *a == "--token")
