@@ -46,6 +46,12 @@ struct Cli {
           value_parser = rmemfs_common::token::read_token_file)]
     token_file: Option<String>,
 
+    /// A TOML file of tenants, each with its own token and optional quota of bytes
+    /// and volumes (docs/reference.md): a tenant's memory and volumes are its own.
+    /// Instead of --token/--token-file.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["token", "token_file"])]
+    tenants: Option<std::path::PathBuf>,
+
     /// Back the region with 2 MiB huge pages (falls back to normal pages if none).
     #[arg(long)]
     huge_pages: bool,
@@ -138,6 +144,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         listen: cli.listen.clone(),
         size: cli.size,
         token: cli.token.or(cli.token_file).map(String::into_bytes),
+        tenants: cli.tenants,
         huge_pages: cli.huge_pages,
         transport: cli.transport,
         poll: std::time::Duration::from_micros(cli.poll_us),

@@ -7,7 +7,9 @@
 //! connections) or resumes it (a reconnect after a network blip). A Hello that names
 //! a client id with a session but not its secret is refused, so knowing a client id
 //! (volume listings show holders) no longer lets one act as that client. The secret
-//! is never logged (`SessionSecret`'s `Debug` hides it).
+//! is never logged (`SessionSecret`'s `Debug` hides it). A session is the tenant's
+//! whose token its first Hello carried: a Hello of another tenant naming its client
+//! id is refused as one without the secret is.
 //!
 //! Scratch memory: chunks of a client that holds no volume belong to its session, not
 //! a connection. When the session's last connection closes, its memory is kept for
@@ -20,6 +22,7 @@
 use super::reply::{refuse_and_close, reply, Answer};
 use super::{show, ControlService, Session};
 use crate::pool::Chunk;
+use crate::tenants::TenantId;
 use rmemfs_common::fabric::ConnectionState;
 use rmemfs_common::protocol::{ErrorCode, Response, SessionSecret, FEATURE_COPY};
 use rmemfs_common::size::format_size;
@@ -56,20 +59,21 @@ impl ControlService {
         token: &[u8],
         presented: SessionSecret,
     ) -> Answer {
-        if let Some(expected) = &self.token {
-            if !constant_time_eq(expected, token) {
-                log::warn!(
-                    "refusing {} (conn {}): wrong token",
-                    conn.peer,
-                    conn.conn_id
-                );
-                return refuse_and_close(ErrorCode::AuthFailed, "wrong token".into());
-            }
-        }
+        let Some(tenant) = self.tenants().find_by_token(token) else {
+            log::warn!(
+                "refusing {} (conn {}): wrong token",
+                conn.peer,
+                conn.conn_id
+            );
+            return refuse_and_close(ErrorCode::AuthFailed, "wrong token".into());
+        };
         let (session, resumed) = {
             let mut clients = self.clients();
             match clients.get_mut(&client_id) {
                 Some(s) => {
+                    if s.tenant != tenant {
+                        return self.refuse_foreign_session(conn, client_id, s.tenant, tenant);
+                    }
                     if !constant_time_eq(&s.secret.0, &presented.0) {
                         log::warn!(
                             "refusing {} (conn {}): client {client_id:#x} has a session and this Hello did not present its secret",
@@ -132,6 +136,7 @@ impl ControlService {
                         client_id,
                         Session {
                             secret,
+                            tenant,
                             connections: 1,
                             idle_since: None,
                             ending: false,
@@ -145,7 +150,8 @@ impl ControlService {
         self.heard().insert(client_id, Instant::now());
         conn.client = Some(client_id);
         log::info!(
-            "client {client_id:#x} connected from {} (conn {})",
+            "client {client_id:#x} of tenant {:?} connected from {} (conn {})",
+            self.tenants().name(tenant),
             conn.peer,
             conn.conn_id
         );
@@ -186,11 +192,12 @@ impl ControlService {
             );
             return;
         }
+        let tenant = session.tenant;
         clients.remove(&client);
         let revoked = self.end_session(client);
         drop(clients);
         let how = format!("last conn {} from {} closed", conn.conn_id, conn.peer);
-        self.reclaim(client, &revoked, &how);
+        self.reclaim(client, tenant, &revoked, &how);
         self.save();
     }
 
@@ -198,26 +205,26 @@ impl ControlService {
     /// period; returns how many. The memnode calls it about once a second.
     pub fn reap_expired(&self) -> usize {
         let mut clients = self.clients();
-        let expired: Vec<u64> = clients
+        let expired: Vec<(u64, TenantId)> = clients
             .iter()
             .filter(|(_, s)| s.idle_since.is_some_and(|t| t.elapsed() >= self.grace))
-            .map(|(&c, _)| c)
+            .map(|(&c, s)| (c, s.tenant))
             .collect();
         let mut ended = Vec::with_capacity(expired.len());
-        for &client in &expired {
+        for &(client, tenant) in &expired {
             clients.remove(&client);
             self.counters
                 .sessions_expired
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            ended.push((client, self.end_session(client)));
+            ended.push((client, tenant, self.end_session(client)));
         }
         drop(clients);
         let how = format!(
             "no reconnect within the {:.0}s grace period",
             self.grace.as_secs_f64()
         );
-        for (client, revoked) in &ended {
-            self.reclaim(*client, revoked, &how);
+        for (client, tenant, revoked) in &ended {
+            self.reclaim(*client, *tenant, revoked, &how);
         }
         if !expired.is_empty() {
             self.save();
@@ -246,9 +253,10 @@ impl ControlService {
         revoked
     }
 
-    /// Zeroes and frees the revoked chunks of an ended session (outside `clients`:
-    /// zeroing takes time).
-    fn reclaim(&self, client: u64, revoked: &[Chunk], how: &str) {
+    /// Zeroes and frees the revoked chunks of an ended session of `tenant` (outside
+    /// `clients`: zeroing takes time), and credits them to the tenant.
+    fn reclaim(&self, client: u64, tenant: TenantId, revoked: &[Chunk], how: &str) {
+        self.credit(tenant, revoked.iter().map(|c| c.len).sum(), 0);
         let bytes = self.pool.release_revoked(revoked);
         log::info!(
             "client {client:#x} gone ({how}): reclaimed {} chunks, {}",
