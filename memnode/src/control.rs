@@ -22,8 +22,8 @@
 //! books on a memory file). This file holds the service's state and what reads it.
 //!
 //! Lock order: `clients` (the sessions), then `volumes`, then `heard`; the pool's locks and the
-//! registry (inside pool calls) come after any of them. `heard` and `ledger` are
-//! leaves: nothing is called while one is held. Hello and the last-connection reclaim both run under
+//! registry (inside pool calls) come after any of them. `heard`, `client_tenants`
+//! and `ledger` are leaves: nothing is called while one is held. Hello and the last-connection reclaim both run under
 //! `clients`, so a client reconnecting while it is being reclaimed never loses a
 //! chunk it allocates anew. Every volume change (and a bound client's Alloc and Free)
 //! runs under `volumes`, so the volume table and the pool's registrations of volume
@@ -69,6 +69,9 @@ pub struct ControlService {
     volumes: Mutex<VolumeTable>,
     /// When each connected client last sent a request.
     heard: Mutex<HashMap<u64, Instant>>,
+    /// The tenant of each client with a session, as every request reads it: a leaf,
+    /// filled from `clients` on first use (see `tenancy.rs`).
+    client_tenants: Mutex<HashMap<u64, TenantId>>,
     /// Requests served and refused (metrics).
     pub counters: ControlCounters,
     /// The memory file the books are saved to after every change (`None`: memory
@@ -127,6 +130,7 @@ impl ControlService {
             clients: Mutex::new(HashMap::new()),
             volumes: Mutex::new(VolumeTable::new()),
             heard: Mutex::new(HashMap::new()),
+            client_tenants: Mutex::new(HashMap::new()),
             counters: ControlCounters::default(),
             store: None,
             boot: 0,

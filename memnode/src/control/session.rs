@@ -250,6 +250,7 @@ impl ControlService {
             );
         }
         self.heard().remove(&client);
+        self.forget_tenant_of(client);
         revoked
     }
 

@@ -47,9 +47,23 @@ impl ControlService {
     }
 
     /// The tenant of `client`'s session (`None`: it has none, which an
-    /// authenticated connection never lacks).
+    /// authenticated connection never lacks). Every request asks, so it is kept
+    /// apart from `clients`, which a Hello registering a restored session's memory
+    /// or the end of a session deregistering it may hold a while; the entry goes with
+    /// the session ([`ControlService::forget_tenant_of`]), and none is made while the
+    /// client has no connection, so none outlives its session.
     pub(super) fn tenant_of(&self, client: u64) -> Option<TenantId> {
-        self.clients().get(&client).map(|s| s.tenant)
+        if let Some(t) = lock(&self.client_tenants).get(&client) {
+            return Some(*t);
+        }
+        let t = self.clients().get(&client).map(|s| s.tenant)?;
+        lock(&self.client_tenants).insert(client, t);
+        Some(t)
+    }
+
+    /// The session of `client` ended.
+    pub(super) fn forget_tenant_of(&self, client: u64) {
+        lock(&self.client_tenants).remove(&client);
     }
 
     /// The answer to a Hello of `tenant` naming a client id whose session is tenant

@@ -124,6 +124,12 @@ fn a_tenant_at_its_quota_is_refused_while_another_still_allocates() {
     s.disconnected(&a);
     assert_eq!(s.usage(0).bytes, 0);
     ledger_ok(&s);
+    let known = rmemfs_common::sync::lock(&s.client_tenants);
+    assert!(
+        !known.contains_key(&0xa),
+        "the session's tenant went with it"
+    );
+    assert_eq!(known.get(&0xb), Some(&1), "bob's is still known");
 }
 
 #[test]
