@@ -12,9 +12,7 @@ use rmemfs_tests::volume::{self, list_with};
 use rmemfs_tests::{
     errno_name, fresh_dir, heavy_test, within, FsdMount, MemnodeProc, Pattern, MIB,
 };
-use std::fs::OpenOptions;
 use std::io;
-use std::os::unix::io::IntoRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -56,26 +54,6 @@ fn tenants_file(dir: &Path, alice_quota: &str, with_alice: bool) -> String {
     path.display().to_string()
 }
 
-/// Writes one whole file, saying which step failed (write-back may defer the error
-/// to fsync or close).
-fn write_file(path: PathBuf, pattern: Pattern) -> Result<(), (&'static str, io::Error)> {
-    let file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&path)
-        .map_err(|e| ("open", e))?;
-    pattern
-        .write_range(&file, 0, FILE_LEN, |_| {})
-        .map_err(|e| ("write", e))?;
-    file.sync_all().map_err(|e| ("fsync", e))?;
-    let fd = file.into_raw_fd();
-    // SAFETY: `fd` came from into_raw_fd, so it is open and owned by nobody else.
-    if unsafe { libc::close(fd) } != 0 {
-        return Err(("close", io::Error::last_os_error()));
-    }
-    Ok(())
-}
-
 fn write_bounded(
     fsd: &FsdMount,
     name: &str,
@@ -85,7 +63,7 @@ fn write_bounded(
     within(
         Duration::from_secs(60),
         &format!("writing {name}"),
-        move || write_file(path, pattern),
+        move || pattern.try_write_file(&path, FILE_LEN),
     )
 }
 
