@@ -30,15 +30,15 @@ pub enum ControlError {
 }
 
 impl ControlError {
-    /// True when the memnode said it has no room for the allocation.
+    /// True when the memnode has no room for the allocation: it is full, or this
+    /// client's tenant holds its quota (either way, room is elsewhere or later).
     pub fn is_no_space(&self) -> bool {
-        matches!(
-            self,
-            ControlError::Refused {
-                code: ErrorCode::NoSpace,
-                ..
-            }
-        )
+        self.is_refused(ErrorCode::NoSpace) || self.is_over_quota()
+    }
+
+    /// True when the memnode refused because this client's tenant holds its quota.
+    pub fn is_over_quota(&self) -> bool {
+        self.is_refused(ErrorCode::OverQuota)
     }
 
     /// True when the memnode refused because another live client holds the volume.

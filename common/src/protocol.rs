@@ -308,6 +308,9 @@ pub enum ErrorCode {
     Busy,
     /// This client's hold on its volume was taken over by another client.
     Fenced,
+    /// The client's tenant holds its quota of memory or of volumes (the message
+    /// names the tenant, its quota and its use). For the client, as `NoSpace`.
+    OverQuota,
     /// A code this build does not know (a newer peer).
     Unknown(u16),
 }
@@ -323,6 +326,7 @@ impl ErrorCode {
             ErrorCode::NotAuthenticated => 6,
             ErrorCode::Busy => 7,
             ErrorCode::Fenced => 8,
+            ErrorCode::OverQuota => 9,
             ErrorCode::Unknown(c) => c,
         }
     }
@@ -337,6 +341,7 @@ impl ErrorCode {
             6 => ErrorCode::NotAuthenticated,
             7 => ErrorCode::Busy,
             8 => ErrorCode::Fenced,
+            9 => ErrorCode::OverQuota,
             c => ErrorCode::Unknown(c),
         }
     }

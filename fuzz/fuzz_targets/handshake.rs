@@ -28,6 +28,7 @@ fn memnode_addr() -> &'static str {
             listen: "127.0.0.1:0".into(),
             size: 4 << 20,
             token: Some(TOKEN.to_vec()),
+            tenants: None,
             huge_pages: false,
             transport: Transport::Tcp,
             poll: Duration::ZERO,

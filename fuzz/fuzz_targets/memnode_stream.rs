@@ -31,6 +31,7 @@ fn rig() -> &'static Rig {
             listen: "127.0.0.1:0".into(),
             size: 16 << 20,
             token: None,
+            tenants: None,
             huge_pages: false,
             transport: Transport::Tcp,
             poll: Duration::ZERO,

@@ -1,23 +1,29 @@
 //! The two-sided path: control requests (SEND) from clients, answered with one reply
 //! each. This is the only code that parses control frames; it never sees READ/WRITE.
 //!
-//! Sessions: a connection is anonymous until its `Hello` (checked against the token
-//! with a constant-time compare when one is configured) names a client id; anything
+//! Sessions: a connection is anonymous until its `Hello` (its token finds its tenant,
+//! see `tenants.rs`; no token at all admits anyone as the one open tenant) names a
+//! client id; anything
 //! else before that, a bad token, a frame in another protocol version or a frame that
 //! does not decode is answered with an error and the connection is closed. After
 //! Hello the connection may Alloc, Free, Stat and use volumes; errors there are
 //! replies only. Every request of an authenticated connection counts as hearing from
 //! its client (the lease of a volume holder, see `volumes.rs`).
 //!
+//! Tenants: a session is its tenant's, and so are its scratch chunks and the volumes
+//! it makes; a tenant sees, opens, takes over and destroys its own volumes only. What
+//! each tenant holds is charged against its quota before memory is booked
+//! (`tenancy.rs`).
+//!
 //! The jobs are in the submodules: `dispatch` (the way in: decoding, the Hello gate,
 //! routing, saving the books), `session` (Hello, sessions and their reclaim),
 //! `alloc` (Alloc and Free), `volume` (the volume requests), `reply` (answers and
-//! error codes) and `saved_books` (the books on a memory file). This file holds
-//! the service's state and what reads it.
+//! error codes), `tenancy` (quotas and usage per tenant) and `saved_books` (the
+//! books on a memory file). This file holds the service's state and what reads it.
 //!
 //! Lock order: `clients` (the sessions), then `volumes`, then `heard`; the pool's locks and the
-//! registry (inside pool calls) come after any of them. `heard` is a leaf: nothing
-//! is called while it is held. Hello and the last-connection reclaim both run under
+//! registry (inside pool calls) come after any of them. `heard`, `client_tenants`
+//! and `ledger` are leaves: nothing is called while one is held. Hello and the last-connection reclaim both run under
 //! `clients`, so a client reconnecting while it is being reclaimed never loses a
 //! chunk it allocates anew. Every volume change (and a bound client's Alloc and Free)
 //! runs under `volumes`, so the volume table and the pool's registrations of volume
@@ -30,11 +36,16 @@ mod dispatch;
 mod reply;
 mod saved_books;
 mod session;
+mod tenancy;
 mod volume;
+
+pub use tenancy::TenantView;
 
 use crate::counters::ControlCounters;
 use crate::memfile::MemoryFile;
 use crate::pool::ChunkPool;
+use crate::quota::Ledger;
+use crate::tenants::{TenantId, Tenants};
 use crate::volumes::VolumeTable;
 use rmemfs_common::protocol::{NodeStats, SessionSecret, VolumeSummary};
 use rmemfs_common::sync::lock;
@@ -44,7 +55,10 @@ use std::time::{Duration, Instant};
 
 pub struct ControlService {
     pool: Arc<ChunkPool>,
-    token: Option<Vec<u8>>,
+    /// Who may connect, and each one's quota.
+    tenants: Arc<Tenants>,
+    /// What each tenant holds (see `tenancy.rs`).
+    ledger: Mutex<Ledger>,
     node_id: u64,
     /// How long a volume holder stays live without being heard from.
     lease: Duration,
@@ -55,6 +69,9 @@ pub struct ControlService {
     volumes: Mutex<VolumeTable>,
     /// When each connected client last sent a request.
     heard: Mutex<HashMap<u64, Instant>>,
+    /// The tenant of each client with a session, as every request reads it: a leaf,
+    /// filled from `clients` on first use (see `tenancy.rs`).
+    client_tenants: Mutex<HashMap<u64, TenantId>>,
     /// Requests served and refused (metrics).
     pub counters: ControlCounters,
     /// The memory file the books are saved to after every change (`None`: memory
@@ -72,6 +89,8 @@ pub struct ControlService {
 /// What the memnode knows of one client between its connections.
 struct Session {
     secret: SessionSecret,
+    /// The tenant whose token started it; every later Hello of it must be too.
+    tenant: TenantId,
     /// Live authenticated connections.
     connections: usize,
     /// When the last connection closed (`None` while one is open): the grace period
@@ -90,25 +109,28 @@ fn show(name: &[u8]) -> String {
 }
 
 impl ControlService {
-    /// `token`: required in every Hello when set. `lease`: how long a volume holder
-    /// that sends nothing keeps its volume against other clients. `grace`: how long
-    /// a session whose connections all closed keeps its memory for a reconnect.
+    /// `tenants`: whose token a Hello must carry, and their quotas. `lease`: how long
+    /// a volume holder that sends nothing keeps its volume against other clients.
+    /// `grace`: how long a session whose connections all closed keeps its memory for
+    /// a reconnect.
     pub fn new(
         pool: Arc<ChunkPool>,
-        token: Option<Vec<u8>>,
+        tenants: Arc<Tenants>,
         node_id: u64,
         lease: Duration,
         grace: Duration,
     ) -> ControlService {
         ControlService {
             pool,
-            token,
+            ledger: Mutex::new(Ledger::new(tenants.len())),
+            tenants,
             node_id,
             lease,
             grace,
             clients: Mutex::new(HashMap::new()),
             volumes: Mutex::new(VolumeTable::new()),
             heard: Mutex::new(HashMap::new()),
+            client_tenants: Mutex::new(HashMap::new()),
             counters: ControlCounters::default(),
             store: None,
             boot: 0,
@@ -144,8 +166,17 @@ impl ControlService {
         self.heard().get(&client).map(Instant::elapsed)
     }
 
-    /// Every volume, in name order.
+    /// Every volume of every tenant, by tenant and name.
     pub fn volumes_summary(&self) -> Vec<VolumeSummary> {
+        self.volumes()
+            .summaries()
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect()
+    }
+
+    /// Every volume with its tenant, by tenant and name.
+    pub fn volumes_by_tenant(&self) -> Vec<(TenantId, VolumeSummary)> {
         self.volumes().summaries()
     }
 

@@ -27,7 +27,7 @@ pub const REQUEST_KINDS: [&str; 14] = [
 
 /// The `reason` label values, in [`ControlCounters::refusals`]' order; `other` is a
 /// code this build does not know.
-pub const REFUSAL_REASONS: [&str; 9] = [
+pub const REFUSAL_REASONS: [&str; 10] = [
     "no_space",
     "bad_request",
     "not_found",
@@ -36,6 +36,7 @@ pub const REFUSAL_REASONS: [&str; 9] = [
     "not_authenticated",
     "busy",
     "fenced",
+    "over_quota",
     "other",
 ];
 
@@ -80,7 +81,8 @@ fn reason_index(code: ErrorCode) -> usize {
         ErrorCode::NotAuthenticated => 5,
         ErrorCode::Busy => 6,
         ErrorCode::Fenced => 7,
-        ErrorCode::Unknown(_) => 8,
+        ErrorCode::OverQuota => 8,
+        ErrorCode::Unknown(_) => 9,
     }
 }
 

@@ -15,6 +15,9 @@
 //! named set of chunks that belongs to the volume, survives disconnects, and is held
 //! by one client at a time under a lease ([`MemnodeConfig::lease`]).
 //!
+//! Clients are of **tenants** (`tenants`, [`MemnodeConfig::tenants`]): a tenant's
+//! sessions, memory and volumes are its own, within its quota (`quota`).
+//!
 //! Everything a client sends is checked before use; a misbehaving client is refused or
 //! disconnected and cannot see or disturb another client's memory. Memory that is free
 //! always reads as zero.
@@ -28,13 +31,15 @@ mod counters;
 mod memfile;
 mod metrics;
 mod pool;
+mod quota;
 mod reaper;
 mod region;
 mod saved;
+pub mod tenants;
 mod volumes;
 
 pub use memfile::{MemoryFileConfig, MemoryFileError};
-pub use metrics::MemnodeCollector;
+pub use metrics::{tenant_usage, MemnodeCollector, TenantUsage};
 pub use region::RegionError;
 
 use rmemfs_common::fabric::{self, FabricError, Server, Transport};
@@ -61,10 +66,14 @@ pub struct MemnodeConfig {
     pub listen: String,
     /// Bytes to lend, rounded down to whole pages.
     pub size: u64,
-    /// When set, every client must prove it knows this token (`rmemfs_common::auth`);
-    /// `None`: no authentication (the binary allows that beyond loopback only with
-    /// `--insecure`). Empty or shorter than `MIN_TOKEN_LEN`: refused.
+    /// When set, every client must prove it knows this token (`rmemfs_common::auth`):
+    /// one tenant, "default". `None` (and no tenants file): no authentication (the
+    /// binary allows that beyond loopback only with `--insecure`). Empty or shorter
+    /// than `MIN_TOKEN_LEN`: refused.
     pub token: Option<Vec<u8>>,
+    /// A tenants file (`--tenants`, see `tenants.rs`): each tenant's token and
+    /// quota. Not with `token`.
+    pub tenants: Option<std::path::PathBuf>,
     /// Try 2 MiB huge pages (falls back to normal pages with a warning).
     pub huge_pages: bool,
     /// The fabric backend to serve on (`Auto`: verbs when there is an RDMA device).
@@ -98,6 +107,9 @@ pub enum MemnodeError {
     TokenEmpty,
     #[error("the token is {len} bytes; a token of fewer than {MIN_TOKEN_LEN} is too easily guessed (e.g. head -c 32 /dev/urandom | base64)")]
     TokenTooShort { len: usize },
+    /// The tenants file cannot be used (the message names it, the tenant, the field).
+    #[error("{0}")]
+    Tenants(String),
     #[error(transparent)]
     Region(#[from] RegionError),
     #[error(transparent)]
@@ -156,6 +168,16 @@ impl Memnode {
                 return Err(MemnodeError::TokenTooLong { len: t.len() });
             }
         }
+        let tenants = match (&cfg.tenants, &token) {
+            (Some(_), Some(_)) => {
+                return Err(MemnodeError::Tenants(
+                    "a tenants file and a token cannot be used together: the file gives each tenant its token".into(),
+                ))
+            }
+            (Some(path), None) => tenants::Tenants::load(path).map_err(MemnodeError::Tenants)?,
+            (None, Some(t)) => tenants::Tenants::single(t),
+            (None, None) => tenants::Tenants::open(),
+        };
         let transport = cfg
             .transport
             .resolve()
@@ -189,9 +211,11 @@ impl Memnode {
             Some((_, id, _, _)) => *id,
             None => random_node_id()?,
         };
+        let tenant_count = tenants.len();
+        let open = tenants.is_open();
         let mut control = control::ControlService::new(
             pool,
-            token.clone(),
+            Arc::new(tenants),
             node_id,
             cfg.lease,
             cfg.session_grace,
@@ -232,10 +256,10 @@ impl Memnode {
             format_size(region.granularity()),
             if region.huge_pages() { ", huge" } else { "" },
             server.local_addr(),
-            if token.is_some() {
-                ", token required"
-            } else {
-                ", NO TOKEN: any client that reaches it is let in"
+            match (open, cfg.tenants.is_some()) {
+                (true, _) => ", NO TOKEN: any client that reaches it is let in".to_string(),
+                (false, false) => ", token required".into(),
+                (false, true) => format!(", {tenant_count} tenants"),
             }
         );
         Ok(Memnode {

@@ -51,6 +51,12 @@ struct Cli {
     #[arg(long)]
     insecure: bool,
 
+    /// A TOML file of tenants, each with its own token and optional quota of bytes
+    /// and volumes (docs/reference.md): a tenant's memory and volumes are its own.
+    /// Instead of --token/--token-file.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["token", "token_file"])]
+    tenants: Option<std::path::PathBuf>,
+
     /// Back the region with 2 MiB huge pages (falls back to normal pages if none).
     #[arg(long)]
     huge_pages: bool,
@@ -140,13 +146,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             .log("--lock-memory");
     }
     let token = cli.token.or(cli.token_file).map(String::into_bytes);
-    if token.is_none() {
+    if token.is_none() && cli.tenants.is_none() {
         refuse_open_doors(&cli.listen, cli.insecure)?;
     }
     let mut node = Memnode::start(MemnodeConfig {
         listen: cli.listen.clone(),
         size: cli.size,
         token,
+        tenants: cli.tenants,
         huge_pages: cli.huge_pages,
         transport: cli.transport,
         poll: std::time::Duration::from_micros(cli.poll_us),

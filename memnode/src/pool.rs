@@ -28,17 +28,27 @@
 //! region: by a free, by [`ChunkPool::revoke_all_of`] or [`ChunkPool::deregister`],
 //! or when the pool is dropped. That is what `register`'s safety contract asks.
 //!
+//! Copy ([`ChunkPool::copy`]) is an access like a READ and a WRITE: it checks its
+//! spans under the chunk table's lock and **pins** their rkeys there, then copies
+//! with no lock held; taking a chunk out of the table (a free, a deregistration, a
+//! revoke) waits until no copy pins its rkey, as the registry's deregistration waits
+//! for READs and WRITEs in flight. So a chunk is never written after it was zeroed
+//! or handed to someone else, and one client's copies (up to 16 MiB a request)
+//! never hold a lock every other client's Alloc, Free and open needs.
+//!
 //! Locks: the allocator mutex and the chunk table mutex are never held together, and
-//! neither is held while calling the registry. Callers may hold their own locks around
-//! pool calls (control does, see `control.rs`), never the other way round.
+//! neither is held while calling the registry. The pins' mutex is taken inside the
+//! chunk table's or alone, and never held while waiting for anything but a copy to
+//! end. Callers may hold their own locks around pool calls (control does, see
+//! `control.rs`), never the other way round.
 
 use crate::allocator::{AllocError, Booking, ChunkAllocator, Owner};
 use crate::region::Region;
 use rmemfs_common::fabric::{FabricError, MemoryRegistry};
 use rmemfs_common::protocol::CopySpan;
-use rmemfs_common::sync::lock;
+use rmemfs_common::sync::{lock, wait};
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use thiserror::Error;
 
 /// One registered chunk: `[addr, addr + len)`, booked to `owner` and registered for
@@ -94,6 +104,10 @@ pub struct ChunkPool {
     registry: Arc<dyn MemoryRegistry>,
     /// Registered chunks by rkey.
     chunks: Mutex<HashMap<u32, Chunk>>,
+    /// Copies in flight under each rkey (see the module docs).
+    pins: Mutex<HashMap<u32, usize>>,
+    /// Signalled when a copy ends.
+    unpinned: Condvar,
 }
 
 impl std::fmt::Debug for ChunkPool {
@@ -123,7 +137,18 @@ impl ChunkPool {
             allocator: Mutex::new(allocator),
             registry,
             chunks: Mutex::new(HashMap::new()),
+            pins: Mutex::new(HashMap::new()),
+            unpinned: Condvar::new(),
         }
+    }
+
+    /// `bytes` as the allocator books them: rounded up to whole pages (what a
+    /// tenant is charged before an Alloc).
+    pub fn rounded(&self, bytes: u64) -> u64 {
+        let page = self.page().max(1);
+        bytes
+            .checked_next_multiple_of(page)
+            .unwrap_or(u64::MAX - u64::MAX % page)
     }
 
     /// Allocates a scratch chunk of at least `bytes` to `client` and registers it.
@@ -178,6 +203,7 @@ impl ChunkPool {
     /// flight) and keeps the chunk booked. `None` when the pool has no such rkey.
     pub fn deregister(&self, rkey: u32) -> Option<Chunk> {
         let chunk = lock(&self.chunks).remove(&rkey)?;
+        self.wait_unpinned(rkey);
         self.registry.deregister(rkey);
         Some(chunk)
     }
@@ -185,38 +211,73 @@ impl ChunkPool {
     /// Copies each span inside the region, as `client` could with a READ under
     /// `src_rkey` and a WRITE under `dst_rkey`: every span is checked (both rkeys
     /// registered for `client`, both ranges inside their chunks) before any is
-    /// copied. The chunk table stays locked meanwhile, so no chunk involved can be
-    /// freed or deregistered under the copy. Returns the bytes copied.
+    /// copied. The rkeys are pinned meanwhile, so no chunk involved can be freed or
+    /// deregistered under the copy, and no lock is held while it copies (see the
+    /// module docs). Returns the bytes copied.
     pub fn copy(&self, client: u64, spans: &[CopySpan]) -> Result<u64, PoolError> {
-        let chunks = lock(&self.chunks);
-        let inside = |addr: u64, len: u64, rkey: u32| {
-            chunks
-                .get(&rkey)
-                .filter(|c| c.client == client)
-                .filter(|c| addr >= c.addr && addr.saturating_add(len) <= c.addr + c.len)
-                .map(|_| addr - self.region.base())
-                .ok_or(PoolError::Access { addr, len, rkey })
-        };
         let mut checked = Vec::with_capacity(spans.len());
-        for s in spans {
-            let len = s.len as u64;
-            let from = inside(s.src_addr, len, s.src_rkey)?;
-            let to = inside(s.dst_addr, len, s.dst_rkey)?;
-            checked.push((from, to, len));
+        let mut rkeys = Vec::with_capacity(2 * spans.len());
+        {
+            let chunks = lock(&self.chunks);
+            let inside = |addr: u64, len: u64, rkey: u32| {
+                chunks
+                    .get(&rkey)
+                    .filter(|c| c.client == client)
+                    .filter(|c| addr >= c.addr && addr.saturating_add(len) <= c.addr + c.len)
+                    .map(|_| addr - self.region.base())
+                    .ok_or(PoolError::Access { addr, len, rkey })
+            };
+            for s in spans {
+                let len = s.len as u64;
+                let from = inside(s.src_addr, len, s.src_rkey)?;
+                let to = inside(s.dst_addr, len, s.dst_rkey)?;
+                checked.push((from, to, len));
+                rkeys.extend([s.src_rkey, s.dst_rkey]);
+            }
+            // Pinned before the table's lock goes: a removal after this waits.
+            let mut pins = lock(&self.pins);
+            for r in &rkeys {
+                *pins.entry(*r).or_default() += 1;
+            }
         }
-        let mut bytes = 0;
+        let mut copied = Ok(0);
         for (from, to, len) in checked {
             // Inside registered chunks, so inside the region.
-            self.region
-                .copy_within(from, to, len)
-                .map_err(|_| PoolError::Access {
+            if self.region.copy_within(from, to, len).is_err() {
+                copied = Err(PoolError::Access {
                     addr: from,
                     len,
                     rkey: 0,
-                })?;
-            bytes += len;
+                });
+                break;
+            }
+            copied = copied.map(|b| b + len);
         }
-        Ok(bytes)
+        self.unpin(&rkeys);
+        copied
+    }
+
+    fn unpin(&self, rkeys: &[u32]) {
+        let mut pins = lock(&self.pins);
+        for r in rkeys {
+            if let Some(n) = pins.get_mut(r) {
+                *n -= 1;
+                if *n == 0 {
+                    pins.remove(r);
+                }
+            }
+        }
+        drop(pins);
+        self.unpinned.notify_all();
+    }
+
+    /// Returns once no copy pins `rkey`; the caller has taken it out of the table,
+    /// so none can start.
+    fn wait_unpinned(&self, rkey: u32) {
+        let mut pins = lock(&self.pins);
+        while pins.contains_key(&rkey) {
+            pins = wait(&self.unpinned, pins);
+        }
     }
 
     /// Frees `client`'s scratch chunk at `addr` with `rkey`.
@@ -243,6 +304,7 @@ impl ChunkPool {
             }
         }
         .ok_or(PoolError::NotFound { addr, rkey })?;
+        self.wait_unpinned(chunk.rkey);
         self.registry.deregister(chunk.rkey);
         self.scrub_and_release(chunk.owner, chunk.addr, chunk.len);
         Ok(chunk)
@@ -325,6 +387,7 @@ impl ChunkPool {
             mine
         };
         for c in &mine {
+            self.wait_unpinned(c.rkey);
             self.registry.deregister(c.rkey);
         }
         let books = lock(&self.allocator);

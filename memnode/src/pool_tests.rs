@@ -298,3 +298,76 @@ fn releasing_unregistered_chunks_zeroes_them_and_leaves_registered_ones() {
         "a destroyed volume's chunk reads as zero"
     );
 }
+
+/// The copy of `client` from `a` to `b`, whole.
+fn whole(a: &Chunk, b: &Chunk) -> CopySpan {
+    CopySpan {
+        src_addr: a.addr,
+        src_rkey: a.rkey,
+        dst_addr: b.addr,
+        dst_rkey: b.rkey,
+        len: a.len.min(b.len) as u32,
+    }
+}
+
+#[test]
+fn a_copy_in_flight_holds_no_lock_and_its_chunks_wait_for_it_to_end() {
+    let (p, nic) = pool(8);
+    let p = Arc::new(p);
+    let page = system_page_size();
+    let (a, b) = (p.alloc(1, page).unwrap(), p.alloc(1, page).unwrap());
+    nic.write(1, a.addr, a.rkey, &vec![7u8; page as usize])
+        .unwrap();
+    // What a copy in flight holds once its spans are checked: its rkeys pinned.
+    *lock(&p.pins).entry(b.rkey).or_default() += 1;
+    // Another client's allocations and frees go on meanwhile (no lock is held).
+    let other = p.alloc(2, page).expect("allocates during the copy");
+    p.free(2, other.addr, other.rkey)
+        .expect("frees during the copy");
+    assert_eq!(
+        p.copy(1, &[whole(&a, &b)]),
+        Ok(page),
+        "another copy of the same chunks"
+    );
+    // Freeing the pinned chunk waits for the copy to end: it must never be zeroed
+    // and handed out while the copy still writes it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let freeing = {
+        let p = p.clone();
+        std::thread::spawn(move || {
+            let r = p.free(1, b.addr, b.rkey);
+            let _ = tx.send(());
+            r
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(
+        rx.try_recv().is_err(),
+        "the free went ahead under a copy in flight"
+    );
+    assert_eq!(
+        p.copy(1, &[whole(&a, &b)]),
+        Err(PoolError::Access {
+            addr: b.addr,
+            len: page,
+            rkey: b.rkey
+        }),
+        "a chunk being freed takes no new copy"
+    );
+    p.unpin(&[b.rkey]);
+    freeing
+        .join()
+        .expect("the free returns")
+        .expect("and frees the chunk");
+    assert!(lock(&p.pins).is_empty(), "every pin was let go");
+}
+
+#[test]
+fn a_refused_copy_pins_nothing() {
+    let (p, _nic) = pool(4);
+    let page = system_page_size();
+    let (a, b) = (p.alloc(1, page).unwrap(), p.alloc(2, page).unwrap());
+    assert!(p.copy(1, &[whole(&a, &b)]).is_err(), "b is not client 1's");
+    assert!(lock(&p.pins).is_empty());
+    p.free(1, a.addr, a.rkey).expect("frees at once");
+}

@@ -1,13 +1,22 @@
 //! What a memnode on a memory file saves of its books, so that a restart of the
 //! process comes back as the same instance lending the same chunks: the sessions
-//! (client id and secret), the volumes (id, name, root, holder), the fenced clients
-//! and every booking of the region.
+//! (client id, secret, tenant), the volumes (id, tenant, name, root, holder), the
+//! fenced clients and every booking of the region.
 //!
 //! Encoded as one record: `len u64 | crc32c u32 | body`, the CRC over the body, all
 //! little-endian. A record that is cut short, fails its CRC or does not parse is
 //! refused whole ([`SavedState::decode`] says why), never half read.
+//!
+//! Tenants are named, never numbered (a tenant's number is its place in the tenants
+//! file, which may change between starts), in a section after the bookings: a tag,
+//! the tenant names, then each session's and each volume's tenant as an index into
+//! them. A record of the format before tenants ends at its bookings; it reads with
+//! every session and volume the tenant "default"'s, which is what a memnode with
+//! one token (or none) calls its one tenant, so such a memnode restarts on it as it
+//! was. (A memnode of before tenants refuses a record with the section.)
 
 use crate::allocator::{Booking, Owner};
+use crate::tenants::DEFAULT_TENANT;
 use rmemfs_common::crc32c::crc32c;
 use rmemfs_common::le;
 use rmemfs_common::protocol::{SessionSecret, SESSION_SECRET_LEN};
@@ -17,12 +26,16 @@ use rmemfs_common::protocol::{SessionSecret, SESSION_SECRET_LEN};
 pub struct SavedSession {
     pub client: u64,
     pub secret: SessionSecret,
+    /// Its tenant's name.
+    pub tenant: String,
 }
 
 /// One volume of the books (its chunks are the bookings owned by its id).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SavedVolume {
     pub id: u64,
+    /// Its tenant's name.
+    pub tenant: String,
     pub name: Vec<u8>,
     pub root: u64,
     /// The client holding it (0: none).
@@ -44,6 +57,8 @@ pub struct SavedState {
 const HEAD: usize = 8 + 4;
 const OWNER_CLIENT: u8 = 1;
 const OWNER_VOLUME: u8 = 2;
+/// Starts the section of tenants after the bookings.
+const TENANTS: u8 = b'T';
 
 impl SavedState {
     /// The record: length, CRC, body.
@@ -79,6 +94,7 @@ impl SavedState {
             le::put(&mut b, kind);
             le::put(&mut b, who);
         }
+        self.encode_tenants(&mut b);
         let body_len = (b.len() - HEAD) as u64;
         let crc = crc32c(&b[HEAD..]);
         le::put_at(&mut b, 0, body_len);
@@ -111,7 +127,11 @@ impl SavedState {
             let client = r.u64()?;
             let mut secret = SessionSecret::NONE;
             secret.0.copy_from_slice(r.take(SESSION_SECRET_LEN)?);
-            s.sessions.push(SavedSession { client, secret });
+            s.sessions.push(SavedSession {
+                client,
+                secret,
+                tenant: DEFAULT_TENANT.into(),
+            });
         }
         for _ in 0..r.count(8 + 8 + 8 + 2)? {
             let id = r.u64()?;
@@ -121,6 +141,7 @@ impl SavedState {
             let name = r.take(n as usize)?.to_vec();
             s.volumes.push(SavedVolume {
                 id,
+                tenant: DEFAULT_TENANT.into(),
                 name,
                 root,
                 holder,
@@ -142,9 +163,69 @@ impl SavedState {
             s.bookings.push(Booking { owner, addr, len });
         }
         if !r.0.is_empty() {
-            return Err(format!("{} bytes follow the last booking", r.0.remaining()));
+            s.decode_tenants(&mut r)?;
+        }
+        if !r.0.is_empty() {
+            return Err(format!(
+                "{} bytes follow the tenants of the sessions and volumes",
+                r.0.remaining()
+            ));
         }
         Ok(s)
+    }
+
+    /// The section of tenants: tag, names (`u32` count, each `u16` length and
+    /// bytes), then a `u32` index into them per session and per volume, in order.
+    fn encode_tenants(&self, b: &mut Vec<u8>) {
+        let mut names: Vec<&str> = Vec::new();
+        let mut of = Vec::with_capacity(self.sessions.len() + self.volumes.len());
+        let tenants = self.sessions.iter().map(|s| s.tenant.as_str());
+        for name in tenants.chain(self.volumes.iter().map(|v| v.tenant.as_str())) {
+            let i = names.iter().position(|n| *n == name).unwrap_or_else(|| {
+                names.push(name);
+                names.len() - 1
+            });
+            of.push(i as u32);
+        }
+        le::put(b, TENANTS);
+        le::put(b, names.len() as u32);
+        for n in &names {
+            // Tenant names are at most 64 bytes (`tenants.rs`).
+            let n = &n.as_bytes()[..n.len().min(u16::MAX as usize)];
+            le::put(b, n.len() as u16);
+            b.extend_from_slice(n);
+        }
+        for i in of {
+            le::put(b, i);
+        }
+    }
+
+    fn decode_tenants(&mut self, r: &mut Reader<'_>) -> Result<(), String> {
+        let tag = r.0.u8().map_err(cut)?;
+        if tag != TENANTS {
+            return Err(format!("the bookings are followed by section {tag:#x}"));
+        }
+        let mut names = Vec::new();
+        for _ in 0..r.count(2)? {
+            let n = r.0.u16().map_err(cut)?;
+            let name = std::str::from_utf8(r.take(n as usize)?)
+                .map_err(|_| "a tenant's name is not UTF-8".to_string())?;
+            names.push(name.to_string());
+        }
+        let mut next = || -> Result<String, String> {
+            let i = r.0.u32().map_err(cut)?;
+            names
+                .get(i as usize)
+                .cloned()
+                .ok_or_else(|| format!("tenant {i} of {} named", names.len()))
+        };
+        for s in &mut self.sessions {
+            s.tenant = next()?;
+        }
+        for v in &mut self.volumes {
+            v.tenant = next()?;
+        }
+        Ok(())
     }
 }
 
@@ -186,9 +267,11 @@ mod tests {
             sessions: vec![SavedSession {
                 client: 0x42,
                 secret: SessionSecret([9; SESSION_SECRET_LEN]),
+                tenant: "alice".into(),
             }],
             volumes: vec![SavedVolume {
                 id: 3,
+                tenant: "bob".into(),
                 name: b"vol".to_vec(),
                 root: 0x1000,
                 holder: 0x42,
@@ -232,6 +315,42 @@ mod tests {
         assert!(SavedState::decode(&[]).is_err());
     }
 
+    #[test]
+    fn a_record_of_before_tenants_reads_with_everything_the_default_tenants() {
+        let s = sample();
+        let mut section = Vec::new();
+        s.encode_tenants(&mut section);
+        // The format before tenants is this one without the section.
+        let mut old = s.encode();
+        old.truncate(old.len() - section.len());
+        let body_len = (old.len() - HEAD) as u64;
+        let crc = crc32c(&old[HEAD..]);
+        le::put_at(&mut old, 0, body_len);
+        le::put_at(&mut old, 8, crc);
+        let read = SavedState::decode(&old).expect("an old record reads");
+        assert_eq!(read.sessions[0].tenant, DEFAULT_TENANT);
+        assert_eq!(read.volumes[0].tenant, DEFAULT_TENANT);
+        let mut want = s.clone();
+        want.sessions[0].tenant = DEFAULT_TENANT.into();
+        want.volumes[0].tenant = DEFAULT_TENANT.into();
+        assert_eq!(read, want, "all else as it was");
+    }
+
+    #[test]
+    fn a_tenant_index_past_the_names_is_refused() {
+        let s = sample();
+        let mut rec = s.encode();
+        // The last u32 is the volume's tenant index.
+        let at = rec.len() - 4;
+        le::put_at(&mut rec, at, 7u32);
+        let body_len = (rec.len() - HEAD) as u64;
+        let crc = crc32c(&rec[HEAD..]);
+        le::put_at(&mut rec, 0, body_len);
+        le::put_at(&mut rec, 8, crc);
+        let err = SavedState::decode(&rec).unwrap_err();
+        assert!(err.contains("tenant 7 of 2"), "{err}");
+    }
+
     proptest! {
         #[test]
         fn any_bytes_decode_to_a_state_or_an_error_never_a_panic(
@@ -252,7 +371,12 @@ mod tests {
             s.volumes[0].name = name;
             s.sessions = clients
                 .iter()
-                .map(|&client| SavedSession { client, secret: SessionSecret([1; SESSION_SECRET_LEN]) })
+                .enumerate()
+                .map(|(i, &client)| SavedSession {
+                    client,
+                    secret: SessionSecret([1; SESSION_SECRET_LEN]),
+                    tenant: format!("t{}", i % 3),
+                })
                 .collect();
             prop_assert_eq!(SavedState::decode(&s.encode()), Ok(s));
         }

@@ -5,7 +5,9 @@
 //!
 //! A volume is a named set of chunks booked to the volume (`Owner::Volume(id)` in
 //! the allocator), never to a client: they outlive every connection until the volume
-//! is destroyed. Its first chunk, the **root**, is one region page, made when the
+//! is destroyed. It belongs to a tenant (`tenants.rs`), and its name is one of that
+//! tenant's: every lookup is by (tenant, name), so two tenants' volumes of one name
+//! are two volumes, and a tenant never finds, lists, holds or destroys another's. Its first chunk, the **root**, is one region page, made when the
 //! volume is created; it can only go with the volume.
 //!
 //! At most one client **holds** a volume at a time, and a client holds at most one
@@ -30,6 +32,7 @@
 //!   lengths;
 //! - no client is both a holder and fenced; volume ids are unique.
 
+use crate::tenants::TenantId;
 use rmemfs_common::protocol::{Allocation, VolumeSummary};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
@@ -53,10 +56,18 @@ struct VolumeChunk {
     rkey: Option<u32>,
 }
 
+/// A volume's place in the table: its tenant and its name.
+type Key = (TenantId, Vec<u8>);
+
+fn key(tenant: TenantId, name: &[u8]) -> Key {
+    (tenant, name.to_vec())
+}
+
 /// One volume.
 #[derive(Debug)]
 pub struct Volume {
     id: u64,
+    tenant: TenantId,
     name: Vec<u8>,
     root: u64,
     chunks: BTreeMap<u64, VolumeChunk>,
@@ -73,15 +84,18 @@ impl Volume {
         &self.name
     }
 
-    #[cfg(test)]
-    pub fn holder(&self) -> Option<&Holder> {
-        self.holder.as_ref()
+    pub fn tenant(&self) -> TenantId {
+        self.tenant
     }
 
     /// Bytes of all chunks, root included.
-    #[cfg(test)]
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    #[cfg(test)]
+    pub fn holder(&self) -> Option<&Holder> {
+        self.holder.as_ref()
     }
 
     /// Chunks, root included.
@@ -249,10 +263,10 @@ pub struct DestroyPlan {
 /// Every volume of a memnode; see the module docs.
 #[derive(Debug, Default)]
 pub struct VolumeTable {
-    /// By name, so listing is in name order.
-    volumes: BTreeMap<Vec<u8>, Volume>,
-    /// Client -> name of the volume it holds.
-    held: HashMap<u64, Vec<u8>>,
+    /// By tenant and name, so a tenant's listing is in name order.
+    volumes: BTreeMap<Key, Volume>,
+    /// Client -> the volume it holds.
+    held: HashMap<u64, Key>,
     fenced: HashSet<u64>,
     /// The last volume id handed out.
     last_id: u64,
@@ -263,8 +277,8 @@ impl VolumeTable {
         VolumeTable::default()
     }
 
-    pub fn get(&self, name: &[u8]) -> Option<&Volume> {
-        self.volumes.get(name)
+    pub fn get(&self, tenant: TenantId, name: &[u8]) -> Option<&Volume> {
+        self.volumes.get(&key(tenant, name))
     }
 
     /// The volume `client` holds.
@@ -284,12 +298,14 @@ impl VolumeTable {
         self.held_by(client).ok_or(VolumeError::NotHeld)
     }
 
-    /// Decides what `client` opening `name` takes. `last_heard(c)` is how long ago
-    /// client `c` was last heard from (`None`: it has no connection); a holder heard
-    /// from within `lease` is live.
+    /// Decides what `client` of `tenant` opening `name` takes. `last_heard(c)` is how
+    /// long ago client `c` was last heard from (`None`: it has no connection); a
+    /// holder heard from within `lease` is live.
+    #[allow(clippy::too_many_arguments)]
     pub fn plan_open(
         &self,
         client: u64,
+        tenant: TenantId,
         name: &[u8],
         create: bool,
         takeover: bool,
@@ -297,15 +313,15 @@ impl VolumeTable {
         last_heard: impl Fn(u64) -> Option<Duration>,
     ) -> Result<OpenPlan, VolumeError> {
         if let Some(held) = self.held.get(&client) {
-            if held.as_slice() == name {
+            if held.0 == tenant && held.1 == name {
                 return Ok(OpenPlan::AlreadyHeld);
             }
             return Err(VolumeError::HoldsAnother {
-                held: held.clone(),
+                held: held.1.clone(),
                 wanted: name.to_vec(),
             });
         }
-        let Some(v) = self.volumes.get(name) else {
+        let Some(v) = self.volumes.get(&key(tenant, name)) else {
             if !create {
                 return Err(VolumeError::NotFound(name.to_vec()));
             }
@@ -339,11 +355,13 @@ impl VolumeTable {
     pub fn create(
         &mut self,
         id: u64,
+        tenant: TenantId,
         name: &[u8],
         root: Allocation,
         holder: Holder,
     ) -> Option<&Volume> {
-        if self.volumes.contains_key(name)
+        let k = key(tenant, name);
+        if self.volumes.contains_key(&k)
             || self.held.contains_key(&holder.client)
             || id <= self.last_id
         {
@@ -351,7 +369,7 @@ impl VolumeTable {
         }
         self.last_id = id;
         self.fenced.remove(&holder.client);
-        self.held.insert(holder.client, name.to_vec());
+        self.held.insert(holder.client, k.clone());
         let chunks = BTreeMap::from([(
             root.addr,
             VolumeChunk {
@@ -359,8 +377,9 @@ impl VolumeTable {
                 rkey: Some(root.rkey),
             },
         )]);
-        Some(self.volumes.entry(name.to_vec()).or_insert(Volume {
+        Some(self.volumes.entry(k).or_insert(Volume {
             id,
+            tenant,
             name: name.to_vec(),
             root: root.addr,
             chunks,
@@ -371,8 +390,8 @@ impl VolumeTable {
 
     /// Takes volume `name` from its holder and remembers the holder as fenced;
     /// returns the holder and the rkeys to deregister.
-    pub fn fence(&mut self, name: &[u8]) -> Option<(Holder, Vec<u32>)> {
-        let v = self.volumes.get_mut(name)?;
+    pub fn fence(&mut self, tenant: TenantId, name: &[u8]) -> Option<(Holder, Vec<u32>)> {
+        let v = self.volumes.get_mut(&key(tenant, name))?;
         let (holder, rkeys) = v.let_go();
         let holder = holder?;
         self.held.remove(&holder.client);
@@ -383,10 +402,10 @@ impl VolumeTable {
     /// Lets go of the volume `client` holds (close, or its last connection closed):
     /// returns the volume's name and the rkeys to deregister. The chunks stay.
     pub fn release(&mut self, client: u64) -> Option<(Vec<u8>, Vec<u32>)> {
-        let name = self.held.remove(&client)?;
-        let v = self.volumes.get_mut(&name)?;
+        let k = self.held.remove(&client)?;
+        let v = self.volumes.get_mut(&k)?;
         let (_, rkeys) = v.let_go();
-        Some((name, rkeys))
+        Some((k.1, rkeys))
     }
 
     /// `client`'s last connection closed: releases its volume (as
@@ -400,11 +419,18 @@ impl VolumeTable {
     /// address -> rkey) registered for it, one for every chunk. Returns `false` and
     /// changes nothing when the volume is missing or held, or `rkeys` does not cover
     /// exactly its chunks.
-    pub fn hold(&mut self, name: &[u8], holder: Holder, rkeys: &[(u64, u32)]) -> bool {
+    pub fn hold(
+        &mut self,
+        tenant: TenantId,
+        name: &[u8],
+        holder: Holder,
+        rkeys: &[(u64, u32)],
+    ) -> bool {
         if self.held.contains_key(&holder.client) {
             return false;
         }
-        let Some(v) = self.volumes.get_mut(name) else {
+        let k = key(tenant, name);
+        let Some(v) = self.volumes.get_mut(&k) else {
             return false;
         };
         let covers = rkeys.len() == v.chunks.len()
@@ -419,7 +445,7 @@ impl VolumeTable {
             }
         }
         self.fenced.remove(&holder.client);
-        self.held.insert(holder.client, name.to_vec());
+        self.held.insert(holder.client, k);
         v.holder = Some(holder);
         true
     }
@@ -480,13 +506,14 @@ impl VolumeTable {
     pub fn plan_destroy(
         &self,
         client: u64,
+        tenant: TenantId,
         name: &[u8],
         lease: Duration,
         last_heard: impl Fn(u64) -> Option<Duration>,
     ) -> Result<DestroyPlan, VolumeError> {
         let v = self
             .volumes
-            .get(name)
+            .get(&key(tenant, name))
             .ok_or_else(|| VolumeError::NotFound(name.to_vec()))?;
         let fence = match &v.holder {
             Some(h) if h.client != client => {
@@ -503,28 +530,47 @@ impl VolumeTable {
 
     /// Forgets the volume `name`, which must not be held (release or fence it
     /// first). Returns it: its chunks are the caller's to free.
-    pub fn remove(&mut self, name: &[u8]) -> Option<Volume> {
-        if self.volumes.get(name)?.holder.is_some() {
+    pub fn remove(&mut self, tenant: TenantId, name: &[u8]) -> Option<Volume> {
+        let k = key(tenant, name);
+        if self.volumes.get(&k)?.holder.is_some() {
             return None;
         }
-        self.volumes.remove(name)
+        self.volumes.remove(&k)
     }
 
-    /// Volumes whose name sorts after `after`, in name order.
-    pub fn after<'a>(&'a self, after: &[u8]) -> impl Iterator<Item = &'a Volume> + 'a {
+    /// `tenant`'s volumes whose name sorts after `after`, in name order.
+    pub fn after<'a>(
+        &'a self,
+        tenant: TenantId,
+        after: &[u8],
+    ) -> impl Iterator<Item = &'a Volume> + 'a {
         self.volumes
-            .range::<[u8], _>((Bound::Excluded(after), Bound::Unbounded))
+            .range((Bound::Excluded(key(tenant, after)), Bound::Unbounded))
+            .take_while(move |((t, _), _)| *t == tenant)
             .map(|(_, v)| v)
     }
 
-    /// What a memory file saves of the table: each volume (id, name, root,
-    /// holder), the fenced clients, the last id handed out.
-    pub fn saved(&self) -> (Vec<crate::saved::SavedVolume>, Vec<u64>, u64) {
+    /// How many volumes `tenant` has and their bytes.
+    pub fn usage_of(&self, tenant: TenantId) -> (u64, u64) {
+        self.volumes
+            .values()
+            .filter(|v| v.tenant == tenant)
+            .fold((0, 0), |(n, b), v| (n + 1, b + v.bytes))
+    }
+
+    /// What a memory file saves of the table: each volume (id, tenant, name, root,
+    /// holder), the fenced clients, the last id handed out. `tenant_name` names a
+    /// tenant: the books name tenants, never number them.
+    pub fn saved(
+        &self,
+        tenant_name: impl Fn(TenantId) -> String,
+    ) -> (Vec<crate::saved::SavedVolume>, Vec<u64>, u64) {
         let volumes = self
             .volumes
             .values()
             .map(|v| crate::saved::SavedVolume {
                 id: v.id,
+                tenant: tenant_name(v.tenant),
                 name: v.name.clone(),
                 root: v.root,
                 holder: v.holder.as_ref().map_or(0, |h| h.client),
@@ -539,11 +585,14 @@ impl VolumeTable {
     pub fn restore(
         &mut self,
         id: u64,
+        tenant: TenantId,
         name: &[u8],
         root: u64,
         chunks: &BTreeMap<u64, u64>,
     ) -> Result<(), String> {
-        if self.volumes.contains_key(name) || self.volumes.values().any(|v| v.id == id) {
+        if self.volumes.contains_key(&key(tenant, name))
+            || self.volumes.values().any(|v| v.id == id)
+        {
             return Err(format!("volume {} (id {id}) is saved twice", show(name)));
         }
         if !chunks.contains_key(&root) {
@@ -559,9 +608,10 @@ impl VolumeTable {
         let bytes = chunks.values().map(|c| c.len).sum();
         self.last_id = self.last_id.max(id);
         self.volumes.insert(
-            name.to_vec(),
+            key(tenant, name),
             Volume {
                 id,
+                tenant,
                 name: name.to_vec(),
                 root,
                 chunks,
@@ -575,13 +625,14 @@ impl VolumeTable {
     /// Makes `holder` the holder of the restored, unheld volume `name` with no chunk
     /// registered yet (they are registered when its session comes back, see
     /// [`VolumeTable::set_rkeys`]). `false`, changing nothing, when it cannot hold it.
-    pub fn hold_unregistered(&mut self, name: &[u8], holder: Holder) -> bool {
+    pub fn hold_unregistered(&mut self, tenant: TenantId, name: &[u8], holder: Holder) -> bool {
         if self.held.contains_key(&holder.client) {
             return false;
         }
-        match self.volumes.get_mut(name) {
+        let k = key(tenant, name);
+        match self.volumes.get_mut(&k) {
             Some(v) if v.holder.is_none() => {
-                self.held.insert(holder.client, name.to_vec());
+                self.held.insert(holder.client, k);
                 v.holder = Some(holder);
                 true
             }
@@ -628,16 +679,20 @@ impl VolumeTable {
         self.last_id = self.last_id.max(last_id);
     }
 
-    pub fn summaries(&self) -> Vec<VolumeSummary> {
-        self.volumes.values().map(Volume::summary).collect()
+    /// Every volume of every tenant, by tenant and name.
+    pub fn summaries(&self) -> Vec<(TenantId, VolumeSummary)> {
+        self.volumes
+            .values()
+            .map(|v| (v.tenant, v.summary()))
+            .collect()
     }
 
     /// Checks every invariant in the module docs; returns what is broken.
     #[cfg(test)]
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut ids = HashSet::new();
-        for (name, v) in &self.volumes {
-            if name != &v.name {
+        for ((tenant, name), v) in &self.volumes {
+            if name != &v.name || *tenant != v.tenant {
                 return Err(format!("volume {:?} filed under {name:?}", v.name));
             }
             if !ids.insert(v.id) || v.id > self.last_id {
@@ -659,7 +714,7 @@ impl VolumeTable {
                     if registered != v.chunks.len() && registered != 0 {
                         return Err(format!("held volume {name:?} has unregistered chunks"));
                     }
-                    if self.held.get(&h.client) != Some(name) {
+                    if self.held.get(&h.client) != Some(&(*tenant, name.clone())) {
                         return Err(format!("holder {:#x} of {name:?} is not bound", h.client));
                     }
                 }

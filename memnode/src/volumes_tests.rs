@@ -5,6 +5,8 @@ use proptest::prelude::*;
 
 const LEASE: Duration = Duration::from_secs(10);
 const PAGE: u64 = 4096;
+/// The tenant of every volume here but where a test says otherwise.
+const T: TenantId = 0;
 
 fn ok(t: &VolumeTable) {
     if let Err(e) = t.check_invariants() {
@@ -36,11 +38,11 @@ fn alloc(addr: u64, len: u64, rkey: u32) -> Allocation {
 
 /// Creates `name` held by `client`, with its root at `root`.
 fn create(t: &mut VolumeTable, client: u64, name: &[u8], root: u64) -> u64 {
-    let id = match t.plan_open(client, name, true, false, LEASE, all_live) {
+    let id = match t.plan_open(client, T, name, true, false, LEASE, all_live) {
         Ok(OpenPlan::Create { id }) => id,
         other => panic!("creating {name:?}: expected a Create plan, got {other:?}"),
     };
-    t.create(id, name, alloc(root, PAGE, root as u32), holder(client))
+    t.create(id, T, name, alloc(root, PAGE, root as u32), holder(client))
         .expect("the plan said create");
     ok(t);
     id
@@ -85,7 +87,7 @@ fn a_created_volume_is_held_by_its_creator_with_its_root() {
 fn opening_plans_follow_the_rules() {
     let mut t = VolumeTable::new();
     assert_eq!(
-        t.plan_open(1, b"x", false, false, LEASE, all_live),
+        t.plan_open(1, T, b"x", false, false, LEASE, all_live),
         Err(VolumeError::NotFound(b"x".to_vec())),
         "a missing volume without create"
     );
@@ -93,19 +95,19 @@ fn opening_plans_follow_the_rules() {
     let b = create(&mut t, 2, b"b", 0x2000);
     assert_ne!(a, b, "ids are unique");
     assert_eq!(
-        t.plan_open(1, b"a", false, false, LEASE, all_live),
+        t.plan_open(1, T, b"a", false, false, LEASE, all_live),
         Ok(OpenPlan::AlreadyHeld),
         "the holder reopening its volume"
     );
     assert_eq!(
-        t.plan_open(1, b"c", true, false, LEASE, all_live),
+        t.plan_open(1, T, b"c", true, false, LEASE, all_live),
         Err(VolumeError::HoldsAnother {
             held: b"a".to_vec(),
             wanted: b"c".to_vec()
         }),
         "a holder opening a second volume"
     );
-    match t.plan_open(3, b"a", true, false, LEASE, all_live) {
+    match t.plan_open(3, T, b"a", true, false, LEASE, all_live) {
         Err(e @ VolumeError::Busy { .. }) => {
             let msg = e.to_string();
             for want in [
@@ -122,7 +124,7 @@ fn opening_plans_follow_the_rules() {
         }
         other => panic!("a live holder: expected Busy, got {other:?}"),
     }
-    match t.plan_open(3, b"a", false, true, LEASE, all_live) {
+    match t.plan_open(3, T, b"a", false, true, LEASE, all_live) {
         Ok(OpenPlan::Hold {
             id,
             fence: Some((h, TakeoverReason::Requested)),
@@ -133,7 +135,7 @@ fn opening_plans_follow_the_rules() {
         ("stale", all_stale as fn(u64) -> Option<Duration>),
         ("gone", |_| None),
     ] {
-        match t.plan_open(3, b"a", false, false, LEASE, heard) {
+        match t.plan_open(3, T, b"a", false, false, LEASE, heard) {
             Ok(OpenPlan::Hold {
                 fence: Some((h, TakeoverReason::LeaseExpired)),
                 ..
@@ -143,7 +145,7 @@ fn opening_plans_follow_the_rules() {
     }
     t.release(2).expect("client 2 holds b");
     assert_eq!(
-        t.plan_open(3, b"b", false, false, LEASE, all_live),
+        t.plan_open(3, T, b"b", false, false, LEASE, all_live),
         Ok(OpenPlan::Hold { id: b, fence: None }),
         "an unheld volume"
     );
@@ -155,7 +157,7 @@ fn fencing_moves_the_volume_and_remembers_the_old_holder() {
     let mut t = VolumeTable::new();
     create(&mut t, 1, b"v", 0x1000);
     assert!(t.add_chunk(1, alloc(0x5000, 4 * PAGE, 55)));
-    let (old, rkeys) = t.fence(b"v").expect("held");
+    let (old, rkeys) = t.fence(T, b"v").expect("held");
     assert_eq!(old.client, 1);
     let mut rkeys = rkeys;
     rkeys.sort_unstable();
@@ -168,9 +170,9 @@ fn fencing_moves_the_volume_and_remembers_the_old_holder() {
         !t.add_chunk(1, alloc(0x9000, PAGE, 9)),
         "fenced adds nothing"
     );
-    assert!(t.get(b"v").and_then(|v| v.info(false)).is_none());
+    assert!(t.get(T, b"v").and_then(|v| v.info(false)).is_none());
     assert!(
-        t.hold(b"v", holder(2), &[(0x1000, 101), (0x5000, 102)]),
+        t.hold(T, b"v", holder(2), &[(0x1000, 101), (0x5000, 102)]),
         "the new holder takes it"
     );
     ok(&t);
@@ -191,7 +193,7 @@ fn hold_refuses_what_would_break_the_books() {
     create(&mut t, 1, b"v", 0x1000);
     t.add_chunk(1, alloc(0x5000, PAGE, 5));
     assert!(
-        !t.hold(b"v", holder(2), &[(0x1000, 1), (0x5000, 2)]),
+        !t.hold(T, b"v", holder(2), &[(0x1000, 1), (0x5000, 2)]),
         "held"
     );
     t.release(1);
@@ -201,16 +203,16 @@ fn hold_refuses_what_would_break_the_books() {
         ("a stranger", vec![(0x1000, 1), (0x6000, 2)]),
         ("an extra", vec![(0x1000, 1), (0x5000, 2), (0x6000, 3)]),
     ] {
-        assert!(!t.hold(b"v", holder(2), &rkeys), "rkeys {what}");
+        assert!(!t.hold(T, b"v", holder(2), &rkeys), "rkeys {what}");
         ok(&t);
     }
-    assert!(!t.hold(b"nope", holder(2), &[]), "a missing volume");
+    assert!(!t.hold(T, b"nope", holder(2), &[]), "a missing volume");
     create(&mut t, 3, b"w", 0x8000);
     assert!(
-        !t.hold(b"v", holder(3), &[(0x1000, 1), (0x5000, 2)]),
+        !t.hold(T, b"v", holder(3), &[(0x1000, 1), (0x5000, 2)]),
         "a client already holding"
     );
-    assert!(t.hold(b"v", holder(2), &[(0x5000, 2), (0x1000, 1)]));
+    assert!(t.hold(T, b"v", holder(2), &[(0x5000, 2), (0x1000, 1)]));
     ok(&t);
 }
 
@@ -219,13 +221,13 @@ fn create_refuses_taken_names_ids_and_holders() {
     let mut t = VolumeTable::new();
     let id = create(&mut t, 1, b"v", 0x1000);
     assert!(t
-        .create(id + 1, b"v", alloc(0x2000, PAGE, 2), holder(2))
+        .create(id + 1, T, b"v", alloc(0x2000, PAGE, 2), holder(2))
         .is_none());
     assert!(t
-        .create(id, b"w", alloc(0x2000, PAGE, 2), holder(2))
+        .create(id, T, b"w", alloc(0x2000, PAGE, 2), holder(2))
         .is_none());
     assert!(t
-        .create(id + 1, b"w", alloc(0x2000, PAGE, 2), holder(1))
+        .create(id + 1, T, b"w", alloc(0x2000, PAGE, 2), holder(1))
         .is_none());
     ok(&t);
     assert_eq!(t.summaries().len(), 1);
@@ -241,7 +243,7 @@ fn chunks_come_and_go_but_the_root_stays() {
         "client 2 holds nothing"
     );
     assert_eq!(
-        t.get(b"v").map(|v| (v.bytes(), v.chunk_count())),
+        t.get(T, b"v").map(|v| (v.bytes(), v.chunk_count())),
         Some((3 * PAGE, 2))
     );
     assert_eq!(t.check_free(1, 0x1000), Err(VolumeError::Root(0x1000)));
@@ -252,7 +254,7 @@ fn chunks_come_and_go_but_the_root_stays() {
     assert!(t.remove_chunk(1, 0x3000));
     assert!(!t.remove_chunk(1, 0x3000), "only once");
     assert_eq!(
-        t.get(b"v").map(|v| (v.bytes(), v.chunk_count())),
+        t.get(T, b"v").map(|v| (v.bytes(), v.chunk_count())),
         Some((PAGE, 1))
     );
     ok(&t);
@@ -267,7 +269,7 @@ fn release_keeps_the_chunks_and_forgets_the_registrations() {
     rkeys.sort_unstable();
     assert_eq!((name.as_slice(), rkeys), (&b"v"[..], vec![3, 0x1000]));
     ok(&t);
-    let v = t.get(b"v").expect("still there");
+    let v = t.get(T, b"v").expect("still there");
     assert_eq!((v.chunk_count(), v.holder(), v.rkeys()), (2, None, vec![]));
     assert_eq!(v.summary().holder, 0);
     assert_eq!(v.addrs(), vec![0x1000, 0x3000]);
@@ -320,27 +322,27 @@ fn destroy_plans_follow_the_rules() {
     let mut t = VolumeTable::new();
     let id = create(&mut t, 1, b"v", 0x1000);
     assert_eq!(
-        t.plan_destroy(2, b"nope", LEASE, all_live),
+        t.plan_destroy(2, T, b"nope", LEASE, all_live),
         Err(VolumeError::NotFound(b"nope".to_vec()))
     );
     assert!(matches!(
-        t.plan_destroy(2, b"v", LEASE, all_live),
+        t.plan_destroy(2, T, b"v", LEASE, all_live),
         Err(VolumeError::Busy { client: 1, .. })
     ));
     assert_eq!(
-        t.plan_destroy(1, b"v", LEASE, all_live),
+        t.plan_destroy(1, T, b"v", LEASE, all_live),
         Ok(DestroyPlan { id, fence: None }),
         "the holder destroys its own volume"
     );
-    match t.plan_destroy(2, b"v", LEASE, all_stale) {
+    match t.plan_destroy(2, T, b"v", LEASE, all_stale) {
         Ok(DestroyPlan { fence: Some(h), .. }) => assert_eq!(h.client, 1),
         other => panic!("a stale holder: expected its fence, got {other:?}"),
     }
-    assert!(t.remove(b"v").is_none(), "a held volume is not removed");
+    assert!(t.remove(T, b"v").is_none(), "a held volume is not removed");
     t.release(1);
-    let v = t.remove(b"v").expect("an unheld volume is removed");
+    let v = t.remove(T, b"v").expect("an unheld volume is removed");
     assert_eq!(v.addrs(), vec![0x1000]);
-    assert!(t.get(b"v").is_none());
+    assert!(t.get(T, b"v").is_none());
     ok(&t);
     let again = create(&mut t, 1, b"v", 0x1000);
     assert!(again > id, "a new volume of the same name gets a new id");
@@ -353,7 +355,7 @@ fn listing_is_in_name_order_after_the_given_name() {
         create(&mut t, i as u64 + 1, name, (i as u64 + 1) * 0x1000);
     }
     let names =
-        |after: &[u8]| -> Vec<Vec<u8>> { t.after(after).map(|v| v.name().to_vec()).collect() };
+        |after: &[u8]| -> Vec<Vec<u8>> { t.after(T, after).map(|v| v.name().to_vec()).collect() };
     assert_eq!(
         names(b""),
         vec![
@@ -375,6 +377,66 @@ fn listing_is_in_name_order_after_the_given_name() {
     );
     assert!(names(b"z").is_empty());
     assert_eq!(t.summaries().len(), 5);
+}
+
+#[test]
+fn names_are_per_tenant_and_a_tenant_never_finds_anothers_volume() {
+    const B: TenantId = 1;
+    let mut t = VolumeTable::new();
+    let a = create(&mut t, 1, b"data", 0x1000);
+    // Tenant B's client 2 does not see A's "data": it creates its own.
+    let b = match t.plan_open(2, B, b"data", true, true, LEASE, all_live) {
+        Ok(OpenPlan::Create { id }) => id,
+        other => panic!("B opening \"data\": expected a Create plan, got {other:?}"),
+    };
+    assert!(t
+        .create(b, B, b"data", alloc(0x2000, PAGE, 2), holder(2))
+        .is_some());
+    ok(&t);
+    assert_ne!(a, b);
+    assert_eq!(
+        t.plan_open(3, B, b"only-a", false, true, LEASE, all_stale),
+        Err(VolumeError::NotFound(b"only-a".to_vec()))
+    );
+    create(&mut t, 4, b"only-a", 0x3000);
+    t.release(4);
+    for (what, r) in [
+        (
+            "open",
+            t.plan_open(3, B, b"only-a", false, false, LEASE, all_stale)
+                .map(|_| ()),
+        ),
+        (
+            "takeover",
+            t.plan_open(3, B, b"only-a", false, true, LEASE, all_stale)
+                .map(|_| ()),
+        ),
+        (
+            "destroy",
+            t.plan_destroy(3, B, b"only-a", LEASE, all_stale)
+                .map(|_| ()),
+        ),
+    ] {
+        assert_eq!(
+            r,
+            Err(VolumeError::NotFound(b"only-a".to_vec())),
+            "B's {what} of A's volume"
+        );
+    }
+    assert!(t.remove(B, b"only-a").is_none());
+    assert!(
+        t.fence(B, b"data").is_some_and(|(h, _)| h.client == 2),
+        "B's own"
+    );
+    let list =
+        |tenant| -> Vec<Vec<u8>> { t.after(tenant, b"").map(|v| v.name().to_vec()).collect() };
+    assert_eq!(list(T), vec![b"data".to_vec(), b"only-a".to_vec()]);
+    assert_eq!(list(B), vec![b"data".to_vec()]);
+    assert!(list(2).is_empty());
+    assert_eq!(t.usage_of(T), (2, 2 * PAGE));
+    assert_eq!(t.usage_of(B), (1, PAGE));
+    assert_eq!(t.get(B, b"data").map(Volume::tenant), Some(B));
+    ok(&t);
 }
 
 /// Random sequences of what clients can do, applied the way the control service
@@ -433,23 +495,23 @@ proptest! {
                 Op::Open { client, name, create, takeover, live } => {
                     let name = [b'a' + name];
                     let heard = move |_| Some(if live { Duration::ZERO } else { LEASE * 2 });
-                    match t.plan_open(client, &name, create, takeover, LEASE, heard) {
+                    match t.plan_open(client, T, &name, create, takeover, LEASE, heard) {
                         Ok(OpenPlan::AlreadyHeld) => {
                             prop_assert_eq!(t.held_by(client).map(Volume::name), Some(&name[..]));
                         }
                         Ok(OpenPlan::Create { id }) => {
                             let root = fresh();
-                            prop_assert!(t.create(id, &name, alloc(root << 12, PAGE, root as u32), holder(client)).is_some());
+                            prop_assert!(t.create(id, T, &name, alloc(root << 12, PAGE, root as u32), holder(client)).is_some());
                         }
                         Ok(OpenPlan::Hold { fence, .. }) => {
                             if let Some((h, _)) = fence {
                                 prop_assert!(h.client != client);
-                                prop_assert!(t.fence(&name).is_some());
+                                prop_assert!(t.fence(T, &name).is_some());
                                 prop_assert!(t.is_fenced(h.client));
                             }
-                            let addrs = t.get(&name).map(Volume::addrs).unwrap_or_default();
+                            let addrs = t.get(T, &name).map(Volume::addrs).unwrap_or_default();
                             let rkeys: Vec<(u64, u32)> = addrs.into_iter().map(|a| (a, fresh() as u32)).collect();
-                            prop_assert!(t.hold(&name, holder(client), &rkeys));
+                            prop_assert!(t.hold(T, &name, holder(client), &rkeys));
                             prop_assert!(!t.is_fenced(client));
                         }
                         Err(VolumeError::Busy { client: c, .. }) => prop_assert!(live && !takeover && c != client),
@@ -461,7 +523,7 @@ proptest! {
                     let released = t.release(client);
                     prop_assert_eq!(released.is_some(), before.is_some());
                     if let Some((name, n)) = before {
-                        prop_assert_eq!(t.get(&name).map(Volume::chunk_count), Some(n), "a close keeps every chunk");
+                        prop_assert_eq!(t.get(T, &name).map(Volume::chunk_count), Some(n), "a close keeps every chunk");
                     }
                 }
                 Op::Gone { client } => {
@@ -486,15 +548,15 @@ proptest! {
                 Op::Destroy { client, name, live } => {
                     let name = [b'a' + name];
                     let heard = move |_| Some(if live { Duration::ZERO } else { LEASE * 2 });
-                    if let Ok(plan) = t.plan_destroy(client, &name, LEASE, heard) {
+                    if let Ok(plan) = t.plan_destroy(client, T, &name, LEASE, heard) {
                         if plan.fence.is_some() {
-                            t.fence(&name);
-                        } else if t.get(&name).and_then(Volume::holder).is_some() {
-                            let holder = t.get(&name).and_then(Volume::holder).map(|h| h.client);
+                            t.fence(T, &name);
+                        } else if t.get(T, &name).and_then(Volume::holder).is_some() {
+                            let holder = t.get(T, &name).and_then(Volume::holder).map(|h| h.client);
                             prop_assert_eq!(holder, Some(client));
                             t.release(client);
                         }
-                        prop_assert!(t.remove(&name).is_some());
+                        prop_assert!(t.remove(T, &name).is_some());
                     }
                 }
             }

@@ -374,3 +374,55 @@ fn a_memory_file_of_another_size_is_refused_and_reset_needs_a_memory_file() {
     assert!(err.contains(&format!("--listen {port}")), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_tenants_file_admits_each_tenants_token_and_a_bad_one_stops_the_start() {
+    let dir = std::env::temp_dir().join(format!("memnode-cli-tenants-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    let key: String = rmemfs_common::auth::token_key(b"alice-token")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let good = dir.join("good.toml");
+    std::fs::write(
+        &good,
+        format!("[[tenant]]\nname = \"alice\"\ntoken_sha256 = \"{key}\"\nquota_bytes = \"1M\"\n"),
+    )
+    .unwrap();
+    let path = good.to_str().expect("a UTF-8 path");
+    let node = spawn(
+        &["--listen", "127.0.0.1:0", "--size", "4M", "--tenants", path],
+        None,
+    );
+    let ep = TcpEndpoint::connect(&node.addr, TIMEOUT).expect("connects");
+    match control::hello(&ep, 1, b"bob-token") {
+        Err(ControlError::Refused {
+            code: ErrorCode::AuthFailed,
+            ..
+        }) => {}
+        other => panic!("a token of no tenant: expected AuthFailed, got {other:?}"),
+    }
+    let ep = TcpEndpoint::connect(&node.addr, TIMEOUT).expect("connects");
+    control::hello(&ep, 2, b"alice-token").expect("alice's token is welcome");
+    match control::alloc(&ep, 2 << 20) {
+        Err(ControlError::Refused {
+            code: ErrorCode::OverQuota,
+            message,
+        }) => assert!(message.contains("\"alice\""), "{message}"),
+        other => panic!("2 MiB past a 1 MiB quota: expected OverQuota, got {other:?}"),
+    }
+    drop(node);
+
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[[tenant]]\nname = \"alice\"\nquota_bytes = \"1M\"\n").unwrap();
+    let bad_path = bad.to_str().expect("a UTF-8 path");
+    let (status, err) = run_to_exit(&["--listen", "127.0.0.1:0", "--tenants", bad_path]);
+    assert!(!status.success(), "a tenants file without a token: {err}");
+    for want in [bad_path, "\"alice\"", "token"] {
+        assert!(err.contains(want), "the error should name {want}: {err}");
+    }
+    let (status, err) = run_to_exit(&["--tenants", path, "--token", "t"]);
+    assert_eq!(status.code(), Some(2), "--tenants with --token: {err}");
+    assert!(err.contains("cannot be used with"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

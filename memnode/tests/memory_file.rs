@@ -23,6 +23,7 @@ fn start_with_grace(file: &Path, listen: &str, grace: Duration) -> Memnode {
         listen: listen.into(),
         size: 32 * MIB,
         token: None,
+        tenants: None,
         huge_pages: false,
         transport: Transport::Tcp,
         poll: Duration::ZERO,

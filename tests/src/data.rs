@@ -14,7 +14,7 @@ use rand::{RngCore, SeedableRng};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
+use std::os::unix::io::{AsRawFd, IntoRawFd};
 use std::path::Path;
 
 pub const MIB: u64 = 1 << 20;
@@ -118,6 +118,26 @@ impl Pattern {
         file.sync_all()
             .unwrap_or_else(|e| panic!("fsync of {}: {e}", path.display()));
         drop(file);
+    }
+
+    /// Creates `path` (which must not exist), writes `len` bytes of the stream, fsyncs
+    /// and closes it, saying which step failed: on a full filesystem the error may
+    /// come at write, fsync or close (write-back defers it).
+    pub fn try_write_file(&self, path: &Path, len: u64) -> Result<(), (&'static str, io::Error)> {
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|e| ("open", e))?;
+        self.write_range(&file, 0, len, |_| {})
+            .map_err(|e| ("write", e))?;
+        file.sync_all().map_err(|e| ("fsync", e))?;
+        let fd = file.into_raw_fd();
+        // SAFETY: `fd` came from into_raw_fd, so it is open and owned by nobody else.
+        if unsafe { libc::close(fd) } != 0 {
+            return Err(("close", io::Error::last_os_error()));
+        }
+        Ok(())
     }
 
     /// Checks that `path` is exactly `len` bytes of the stream, reading around the

@@ -283,6 +283,12 @@ impl MemnodeProc {
     /// A well-behaved client on the memnode's transport: a connected endpoint that has
     /// said Hello with a fresh random client id (returned beside it).
     pub fn client(&self) -> (Box<dyn Endpoint>, u64) {
+        self.client_with_token(&self.token)
+    }
+
+    /// As [`MemnodeProc::client`], presenting `token` (a tenant's, of a memnode
+    /// started with `--tenants`).
+    pub fn client_with_token(&self, token: &[u8]) -> (Box<dyn Endpoint>, u64) {
         let id = rand::random::<u64>();
         let ep = fabric::connect(
             self.transport,
@@ -297,7 +303,7 @@ impl MemnodeProc {
                 self.addr, self.transport
             )
         });
-        control::hello(&*ep, id, &self.token)
+        control::hello(&*ep, id, token)
             .unwrap_or_else(|e| panic!("hello to memnode {} refused: {e}", self.addr));
         (ep, id)
     }

@@ -166,7 +166,13 @@ fn field_u64(obj: &Value, name: &str, context: &str) -> u64 {
 
 /// `rmemfs volume list --memnode A --json`: every volume on `memnode`.
 pub fn list(memnode: &MemnodeProc) -> Vec<VolumeInfo> {
-    let r = run(&["volume", "list"], &["--json"], &[memnode]).ok("rmemfs volume list --json");
+    list_with(memnode, &[])
+}
+
+/// As [`list`], with more arguments (`--token T`: a tenant's volumes).
+pub fn list_with(memnode: &MemnodeProc, args: &[&str]) -> Vec<VolumeInfo> {
+    let all: Vec<&str> = ["--json"].iter().chain(args).copied().collect();
+    let r = run(&["volume", "list"], &all, &[memnode]).ok("rmemfs volume list --json");
     let json: Value = serde_json::from_str(r.stdout.trim()).unwrap_or_else(|e| {
         panic!(
             "rmemfs volume list --json should print a JSON array: {e}; {}",

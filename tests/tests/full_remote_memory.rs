@@ -3,9 +3,7 @@
 //! where only fsync or close can report it (the write returns before fsd sees it).
 
 use rmemfs_tests::{errno_name, heavy_test, within, FsdMount, MemnodeProc, Pattern, MIB};
-use std::fs::OpenOptions;
 use std::io;
-use std::os::unix::io::IntoRawFd;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -14,21 +12,7 @@ const FILE_LEN: u64 = 4 * MIB;
 /// Writes one whole file, reporting which step failed: the error of write-back may
 /// surface at write(), fsync() or close().
 fn write_file_by_steps(path: PathBuf, pattern: Pattern) -> Result<(), (&'static str, io::Error)> {
-    let file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&path)
-        .map_err(|e| ("open", e))?;
-    pattern
-        .write_range(&file, 0, FILE_LEN, |_| {})
-        .map_err(|e| ("write", e))?;
-    file.sync_all().map_err(|e| ("fsync", e))?;
-    let fd = file.into_raw_fd();
-    // SAFETY: `fd` came from into_raw_fd, so it is open and owned by nobody else.
-    if unsafe { libc::close(fd) } != 0 {
-        return Err(("close", io::Error::last_os_error()));
-    }
-    Ok(())
+    pattern.try_write_file(&path, FILE_LEN)
 }
 
 #[test]

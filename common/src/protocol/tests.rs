@@ -135,6 +135,7 @@ fn all_responses() -> Vec<Response> {
         Response::error(ErrorCode::Unknown(0x4242), ""),
         Response::error(ErrorCode::Busy, "held by client 0x1"),
         Response::error(ErrorCode::Fenced, "taken over"),
+        Response::error(ErrorCode::OverQuota, "tenant \"a\" is over its quota"),
         Response::VolumeOpened(VolumeInfo {
             volume_id: 3,
             created: true,

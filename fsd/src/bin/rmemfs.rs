@@ -8,6 +8,8 @@
 //! - `rmemfs status MOUNTPOINT [--json]`: how a running mount is doing, from the
 //!   status file its fsd keeps (`fsd::status`; exit 0 healthy, 1 degraded, data lost
 //!   or fsd stuck, 2 no live rmemfs mount there).
+//! - `rmemfs tenants --metrics HOST:PORT [--json]`: each tenant's memory, volumes and
+//!   quota on a memnode, from its metrics endpoint (`rmemfs/tenants.rs`).
 
 use clap::{Parser, Subcommand};
 use fsd::remote::{Connector, RemoteConfig, RemoteStore, VolumeSpec};
@@ -21,6 +23,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
+
+#[path = "rmemfs/tenants.rs"]
+mod tenants;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -97,6 +102,24 @@ enum Command {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+    },
+    /// What each tenant of a memnode holds: memory and volumes against its quota,
+    /// clients connected, requests refused for the quota.
+    ///
+    /// Read from the memnode's metrics endpoint (`memnode --metrics`), which shows
+    /// every tenant and needs no tenant's token. A tenant marked "(removed)" is in the
+    /// memnode's memory file but no longer in its tenants file: its memory is kept
+    /// and no client can use it.
+    Tenants {
+        /// A memnode's metrics endpoint, HOST:PORT; repeat for every memnode.
+        #[arg(long = "metrics", value_name = "HOST:PORT", required = true)]
+        metrics: Vec<String>,
+        /// Print a JSON array (one object per tenant per memnode) instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Seconds each memnode may take to answer.
+        #[arg(long, default_value_t = 10.0)]
+        timeout: f64,
     },
     /// Declare an unreachable memnode of a running mount lost now, instead of at its
     /// fsd's --dead-time: its copies are re-made from other copies (blocks with no
@@ -290,6 +313,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
         } => fsck(&name, &remote, block_size, json),
         Command::Status { mountpoint, json } => status(&mountpoint, json),
+        Command::Tenants {
+            metrics,
+            json,
+            timeout,
+        } => {
+            let timeout = Duration::from_secs_f64(timeout.clamp(0.001, 3600.0));
+            tenants::show(&metrics, json, timeout)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::DeclareLost {
             mountpoint,
             memnode,

@@ -45,6 +45,7 @@ pub(super) fn memnodes(
             listen: format!("{host}:0"),
             size: opts.embedded_size,
             token: Some(token.clone()),
+            tenants: None,
             huge_pages: false,
             transport,
             poll,

@@ -46,6 +46,7 @@ fn rig_soft(
         listen: "127.0.0.1:0".into(),
         size: memnode_size,
         token: None,
+        tenants: None,
         huge_pages: false,
         transport: rmemfs_common::fabric::Transport::Tcp,
         poll: std::time::Duration::ZERO,

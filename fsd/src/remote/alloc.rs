@@ -129,8 +129,14 @@ impl RemoteStore {
                     size = (size / 2).max(least);
                 }
                 Err(e) if e.is_no_space() => {
+                    // A tenant at its quota is, for this fsd, a memnode that is full:
+                    // room comes back as it frees, or is found on other memnodes.
                     node.full.store(true, Ordering::Relaxed);
-                    log::warn!("memnode {} is full", node.name);
+                    if e.is_over_quota() {
+                        log::warn!("memnode {}: {e}", node.name);
+                    } else {
+                        log::warn!("memnode {} is full", node.name);
+                    }
                     return Err(RemoteError::NoSpace);
                 }
                 Err(e) => return Err(node.control_error(link.epoch, e)),

@@ -247,6 +247,7 @@ mod tests {
             listen: "127.0.0.1:0".into(),
             size: 64 * CHUNK,
             token: None,
+            tenants: None,
             huge_pages: false,
             transport: rmemfs_common::fabric::Transport::Tcp,
             poll: std::time::Duration::ZERO,

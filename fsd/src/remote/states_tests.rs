@@ -19,6 +19,7 @@ fn start_node(listen: &str) -> memnode::Memnode {
         listen: listen.into(),
         size: 64 * 16 * BS,
         token: None,
+        tenants: None,
         huge_pages: false,
         transport: rmemfs_common::fabric::Transport::Tcp,
         poll: Duration::ZERO,

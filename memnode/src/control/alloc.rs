@@ -2,16 +2,30 @@
 //! chunks (booked to it, under `volumes` so the table and the pool change
 //! together); any other client allocates scratch memory of its session, checked
 //! again afterwards against a volume opened meanwhile by another of its
-//! connections.
+//! connections. Either way the memory is the client's tenant's: charged to it
+//! before it is booked, credited when it is freed (`tenancy.rs`).
 
 use super::reply::{alloc_error, pool_error_code, volume_error};
 use super::ControlService;
 use crate::allocator::Owner;
+use crate::tenants::TenantId;
 use crate::volumes::VolumeError;
 use rmemfs_common::protocol::{ErrorCode, Response};
 
 impl ControlService {
-    pub(super) fn alloc(&self, client: u64, bytes: u64) -> Response {
+    /// Alloc of `client` of `tenant`: charged first (the bytes as the pool rounds
+    /// them), settled with what was booked.
+    pub(super) fn alloc(&self, client: u64, tenant: TenantId, bytes: u64) -> Response {
+        let charged = self.pool.rounded(bytes);
+        if let Err(over) = self.charge(tenant, charged, 0) {
+            return over;
+        }
+        let answer = self.alloc_charged(client, bytes);
+        self.settle(tenant, charged, &answer);
+        answer
+    }
+
+    fn alloc_charged(&self, client: u64, bytes: u64) -> Response {
         {
             let mut vols = self.volumes();
             match vols.bound(client) {
@@ -61,14 +75,22 @@ impl ControlService {
         Response::Allocated(c.to_wire())
     }
 
-    pub(super) fn free(&self, client: u64, addr: u64, rkey: u32) -> Response {
+    /// Free of `client` of `tenant`: what goes back is credited to the tenant.
+    pub(super) fn free(&self, client: u64, tenant: TenantId, addr: u64, rkey: u32) -> Response {
+        let (answer, freed) = self.free_chunk(client, addr, rkey);
+        self.credit(tenant, freed, 0);
+        answer
+    }
+
+    /// Frees the chunk; returns the answer and the bytes freed.
+    fn free_chunk(&self, client: u64, addr: u64, rkey: u32) -> (Response, u64) {
         {
             let mut vols = self.volumes();
             match vols.bound(client) {
                 Ok(_) => {
                     let id = match vols.check_free(client, addr) {
                         Ok(id) => id,
-                        Err(e) => return volume_error(&e),
+                        Err(e) => return (volume_error(&e), 0),
                     };
                     return match self.pool.free_as(Owner::Volume(id), client, addr, rkey) {
                         Ok(c) => {
@@ -78,21 +100,21 @@ impl ControlService {
                                 c.addr,
                                 c.len
                             );
-                            Response::Freed
+                            (Response::Freed, c.len)
                         }
-                        Err(e) => Response::error(pool_error_code(&e), e.to_string()),
+                        Err(e) => (Response::error(pool_error_code(&e), e.to_string()), 0),
                     };
                 }
                 Err(VolumeError::NotHeld) => {}
-                Err(e) => return volume_error(&e),
+                Err(e) => return (volume_error(&e), 0),
             }
         }
         match self.pool.free(client, addr, rkey) {
             Ok(c) => {
                 log::debug!("client {client:#x}: freed {:#x}+{:#x}", c.addr, c.len);
-                Response::Freed
+                (Response::Freed, c.len)
             }
-            Err(e) => Response::error(pool_error_code(&e), e.to_string()),
+            Err(e) => (Response::error(pool_error_code(&e), e.to_string()), 0),
         }
     }
 }

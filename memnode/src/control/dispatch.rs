@@ -8,6 +8,7 @@ use super::reply::{pool_error_code, refuse_and_close, reply, volume_error, Answe
 use super::saved_books::{changes_books, grows_books};
 use super::ControlService;
 use crate::pool::Chunk;
+use crate::tenants::TenantId;
 use rmemfs_common::fabric::{ConnectionState, ControlHandler, ControlReply};
 use rmemfs_common::protocol::{
     listing_fits, ErrorCode, ProtocolError, Request, Response, VolumeSummary, MAX_CHUNKS_PER_REPLY,
@@ -72,6 +73,12 @@ impl ControlService {
                 "a connection must say Hello and Prove before anything else".into(),
             ),
             (Some(client), req) => {
+                let Some(tenant) = self.tenant_of(client) else {
+                    return refuse_and_close(
+                        ErrorCode::NotAuthenticated,
+                        "this connection's session is gone".into(),
+                    );
+                };
                 self.heard().insert(client, Instant::now());
                 let changes = changes_books(&req);
                 if changes && self.books_full() && grows_books(&req) {
@@ -80,7 +87,7 @@ impl ControlService {
                         "this memnode's memory file has no room for more bookkeeping",
                     ));
                 }
-                let response = self.serve(client, &conn.peer, req);
+                let response = self.serve(client, tenant, &conn.peer, req);
                 if changes {
                     self.save();
                 }
@@ -89,20 +96,21 @@ impl ControlService {
         }
     }
 
-    /// A request from an authenticated connection of `client` from `peer`.
-    fn serve(&self, client: u64, peer: &str, req: Request) -> Response {
+    /// A request from an authenticated connection of `client` of `tenant` from
+    /// `peer`.
+    fn serve(&self, client: u64, tenant: TenantId, peer: &str, req: Request) -> Response {
         match req {
             Request::Hello { .. } | Request::Prove { .. } => {
                 Response::error(ErrorCode::BadRequest, "this connection already said hello")
             }
-            Request::Alloc { bytes } => self.alloc(client, bytes),
-            Request::Free { addr, rkey } => self.free(client, addr, rkey),
+            Request::Alloc { bytes } => self.alloc(client, tenant, bytes),
+            Request::Free { addr, rkey } => self.free(client, tenant, addr, rkey),
             Request::Stat => Response::Stats(self.stats()),
             Request::VolumeOpen {
                 name,
                 create,
                 takeover,
-            } => self.volume_open(client, peer, &name, create, takeover),
+            } => self.volume_open(client, tenant, peer, &name, create, takeover),
             Request::VolumeChunks { after } => {
                 let vols = self.volumes();
                 match vols.bound(client) {
@@ -117,9 +125,9 @@ impl ControlService {
             Request::VolumeList { after } => {
                 let vols = self.volumes();
                 // Enough candidates that the page is always cut by the frame, not
-                // by the count: `more` is then exact.
+                // by the count: `more` is then exact. The tenant's own only.
                 let candidates: Vec<VolumeSummary> = vols
-                    .after(&after)
+                    .after(tenant, &after)
                     .take(MAX_CONTROL_BODY / MIN_SUMMARY + 1)
                     .map(|v| v.summary())
                     .collect();
@@ -129,7 +137,7 @@ impl ControlService {
                 volumes.truncate(n);
                 Response::VolumeListing { volumes, more }
             }
-            Request::VolumeDestroy { name } => self.volume_destroy(client, &name),
+            Request::VolumeDestroy { name } => self.volume_destroy(client, tenant, &name),
             Request::Copy { spans } => match self.pool.copy(client, &spans) {
                 Ok(bytes) => Response::Copied { bytes },
                 Err(e) => Response::error(pool_error_code(&e), e.to_string()),

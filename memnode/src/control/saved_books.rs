@@ -20,6 +20,14 @@
 //! come back (it was ending) are zeroed and freed; those of a session that is not
 //! resumed within its grace are reclaimed as any session's.
 //!
+//! **Tenants.** The books name each session's and volume's tenant; each comes back
+//! its tenant's, and what each tenant holds is counted again from them. A tenant the
+//! tenants file no longer lists is kept as a removed tenant (`tenants.rs`): its
+//! volumes keep their memory and no client can reach them (no token is that
+//! tenant's), its sessions can be resumed by no one and are reclaimed after their
+//! grace. The log names each such tenant and what it holds; listing the tenant again
+//! (with its token) gives it all back.
+//!
 //! Lock order: the store, then `clients`, then `volumes`, then the pool, so a save
 //! sees one moment of the books. Nothing takes the store while holding another
 //! lock; [`ControlService::books_full`] is an atomic for that reason.
@@ -27,6 +35,7 @@
 use super::{ControlService, Session};
 use crate::allocator::Owner;
 use crate::saved::SavedState;
+use crate::tenants::TenantId;
 use crate::volumes::Holder;
 use rmemfs_common::protocol::Request;
 use rmemfs_common::sync::lock;
@@ -131,16 +140,18 @@ impl ControlService {
 
     /// The books now (sessions that are ending are left out: a restart frees their
     /// memory, as their last connection closing would).
-    fn books(&self) -> SavedState {
+    pub(super) fn books(&self) -> SavedState {
         let clients = self.clients();
         let vols = self.volumes();
-        let (volumes, fenced, last_volume_id) = vols.saved();
+        let name = |t: TenantId| self.tenants().name(t).to_string();
+        let (volumes, fenced, last_volume_id) = vols.saved(name);
         let sessions = clients
             .iter()
             .filter(|(_, s)| !s.ending)
             .map(|(&client, s)| crate::saved::SavedSession {
                 client,
                 secret: s.secret,
+                tenant: name(s.tenant),
             })
             .collect();
         let bookings = self.pool.bookings();
@@ -157,7 +168,8 @@ impl ControlService {
     /// Puts back the books a memory file saved, before serving (see the module
     /// docs), and saves them again. An error means the saved books do not fit this
     /// region: nothing should be served from it.
-    pub fn restore(&self, saved: &SavedState) -> Result<Restored, String> {
+    pub fn restore(&mut self, saved: &SavedState) -> Result<Restored, String> {
+        self.add_removed_tenants(saved);
         for b in &saved.bookings {
             self.pool.rebook(*b).map_err(|e| {
                 format!(
@@ -173,6 +185,7 @@ impl ControlService {
                 s.client,
                 Session {
                     secret: s.secret,
+                    tenant: self.tenant_named(&s.tenant)?,
                     connections: 0,
                     idle_since: Some(now),
                     ending: false,
@@ -192,6 +205,7 @@ impl ControlService {
         for v in &saved.volumes {
             vols.restore(
                 v.id,
+                self.tenant_named(&v.tenant)?,
                 &v.name,
                 v.root,
                 by_volume.get(&v.id).unwrap_or(&empty),
@@ -228,7 +242,7 @@ impl ControlService {
                 peer: "(before the memnode restarted)".into(),
                 since: now,
             };
-            if !vols.hold_unregistered(&v.name, holder) {
+            if !vols.hold_unregistered(self.tenant_named(&v.tenant)?, &v.name, holder) {
                 return Err(format!("volume {} cannot be held again", v.id));
             }
             self.heard().insert(v.holder, now);
@@ -239,7 +253,42 @@ impl ControlService {
             restored.freed += 1;
             self.pool.release_unregistered(b.owner, &[b.addr]);
         }
+        self.recount();
+        self.log_removed_tenants();
         self.save();
         Ok(restored)
+    }
+
+    /// Adds as removed every tenant the books name and the tenants do not.
+    fn add_removed_tenants(&mut self, saved: &SavedState) {
+        let named = saved
+            .sessions
+            .iter()
+            .map(|s| &s.tenant)
+            .chain(saved.volumes.iter().map(|v| &v.tenant));
+        for name in named {
+            if self.tenants.by_name(name).is_none() {
+                std::sync::Arc::make_mut(&mut self.tenants).add_removed(name);
+            }
+        }
+    }
+
+    fn tenant_named(&self, name: &str) -> Result<TenantId, String> {
+        self.tenants()
+            .by_name(name)
+            .ok_or_else(|| format!("the books name tenant {name:?}, which was not added"))
+    }
+
+    /// Says, for each tenant the books name and the tenants file does not, what it
+    /// holds and that no one can reach it.
+    fn log_removed_tenants(&self) {
+        for t in self.tenant_views().into_iter().filter(|t| t.removed) {
+            log::warn!(
+                "tenant {:?} is in this memory file's books but not among the tenants: its {} volumes and {} of memory are kept and no client can reach them; list it again (with its token) to give them back",
+                t.name,
+                t.usage.volumes,
+                rmemfs_common::size::format_size(t.usage.bytes)
+            );
+        }
     }
 }

@@ -14,7 +14,9 @@
 //! reconnect after a network blip). One that names a client id with a session but
 //! does not prove its secret is refused, so knowing a client id (volume listings show
 //! holders) does not let one act as that client. The secret is never logged
-//! (`SessionSecret`'s `Debug` hides it).
+//! (`SessionSecret`'s `Debug` hides it). A session is the tenant's whose token its
+//! first connection proved: a connection of another tenant naming its client id is
+//! refused as one without the secret is.
 //!
 //! Scratch memory: chunks of a client that holds no volume belong to its session, not
 //! a connection. When the session's last connection closes, its memory is kept for
@@ -27,6 +29,7 @@
 use super::reply::{refuse_and_close, reply, Answer};
 use super::{show, ControlService, Session};
 use crate::pool::Chunk;
+use crate::tenants::TenantId;
 use rmemfs_common::auth::{self, Challenged, Key, Nonce, Proof, Transcript, WelcomeFacts};
 use rmemfs_common::fabric::ConnectionState;
 use rmemfs_common::protocol::{ErrorCode, Response, FEATURE_COPY};
@@ -68,17 +71,24 @@ impl ControlService {
         })
     }
 
-    /// The key whose client proof `proof` is, for the connection's transcript: the
-    /// token's (`None`: the proof is wrong). A memnode without a token takes any
-    /// proof and proves itself with the key of no token.
-    fn authenticate(&self, t: &Transcript, proof: &Proof) -> Option<Key> {
-        match &self.token {
-            None => Some(auth::token_key(b"")),
-            Some(token) => {
-                let key = auth::token_key(token);
-                auth::proofs_match(&auth::client_proof(&key, t), proof).then_some(key)
+    /// The tenant whose token the client proof `proof` was made with, for the
+    /// connection's transcript, and that token's key (`None`: the proof matches no
+    /// tenant's token). A memnode without a token takes any proof (its one tenant)
+    /// and proves itself with the key of no token. Every tenant's key is tried, each
+    /// in full, so the time taken says nothing of which one matched.
+    fn authenticate(&self, t: &Transcript, proof: &Proof) -> Option<(TenantId, Key)> {
+        let tenants = self.tenants();
+        if tenants.is_open() {
+            // Its one tenant, "default".
+            return Some((0, auth::token_key(b"")));
+        }
+        let mut found = None;
+        for (id, key) in tenants.keys() {
+            if auth::proofs_match(&auth::client_proof(key, t), proof) && found.is_none() {
+                found = Some((id, *key));
             }
         }
+        found
     }
 
     /// A Prove, after the Challenge: the client is let in (Welcome, with the memnode's
@@ -101,7 +111,7 @@ impl ControlService {
             );
         };
         let client_id = t.client_id;
-        let Some(key) = self.authenticate(&t, &proof) else {
+        let Some((tenant, key)) = self.authenticate(&t, &proof) else {
             log::warn!(
                 "refusing {} (conn {}): its proof matches no token of this memnode",
                 conn.peer,
@@ -113,6 +123,9 @@ impl ControlService {
             let mut clients = self.clients();
             match clients.get_mut(&client_id) {
                 Some(s) => {
+                    if s.tenant != tenant {
+                        return self.refuse_foreign_session(conn, client_id, s.tenant, tenant);
+                    }
                     let proven = resume
                         && session_proof.is_some_and(|p| {
                             auth::proofs_match(&auth::session_proof(&s.secret, &t), &p)
@@ -172,6 +185,7 @@ impl ControlService {
                         client_id,
                         Session {
                             secret: auth::session_secret(&key, &t),
+                            tenant,
                             connections: 1,
                             idle_since: None,
                             ending: false,
@@ -185,10 +199,11 @@ impl ControlService {
         self.heard().insert(client_id, Instant::now());
         conn.client = Some(client_id);
         log::info!(
-            "client {client_id:#x} connected from {} (conn {}){}",
+            "client {client_id:#x} of tenant {:?} connected from {} (conn {}){}",
+            self.tenants().name(tenant),
             conn.peer,
             conn.conn_id,
-            if self.token.is_none() {
+            if self.tenants().is_open() {
                 " with no token: this memnode checks none"
             } else {
                 ""
@@ -238,11 +253,12 @@ impl ControlService {
             );
             return;
         }
+        let tenant = session.tenant;
         clients.remove(&client);
         let revoked = self.end_session(client);
         drop(clients);
         let how = format!("last conn {} from {} closed", conn.conn_id, conn.peer);
-        self.reclaim(client, &revoked, &how);
+        self.reclaim(client, tenant, &revoked, &how);
         self.save();
     }
 
@@ -250,26 +266,26 @@ impl ControlService {
     /// period; returns how many. The memnode calls it about once a second.
     pub fn reap_expired(&self) -> usize {
         let mut clients = self.clients();
-        let expired: Vec<u64> = clients
+        let expired: Vec<(u64, TenantId)> = clients
             .iter()
             .filter(|(_, s)| s.idle_since.is_some_and(|t| t.elapsed() >= self.grace))
-            .map(|(&c, _)| c)
+            .map(|(&c, s)| (c, s.tenant))
             .collect();
         let mut ended = Vec::with_capacity(expired.len());
-        for &client in &expired {
+        for &(client, tenant) in &expired {
             clients.remove(&client);
             self.counters
                 .sessions_expired
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            ended.push((client, self.end_session(client)));
+            ended.push((client, tenant, self.end_session(client)));
         }
         drop(clients);
         let how = format!(
             "no reconnect within the {:.0}s grace period",
             self.grace.as_secs_f64()
         );
-        for (client, revoked) in &ended {
-            self.reclaim(*client, revoked, &how);
+        for (client, tenant, revoked) in &ended {
+            self.reclaim(*client, *tenant, revoked, &how);
         }
         if !expired.is_empty() {
             self.save();
@@ -295,12 +311,14 @@ impl ControlService {
             );
         }
         self.heard().remove(&client);
+        self.forget_tenant_of(client);
         revoked
     }
 
-    /// Zeroes and frees the revoked chunks of an ended session (outside `clients`:
-    /// zeroing takes time).
-    fn reclaim(&self, client: u64, revoked: &[Chunk], how: &str) {
+    /// Zeroes and frees the revoked chunks of an ended session of `tenant` (outside
+    /// `clients`: zeroing takes time), and credits them to the tenant.
+    fn reclaim(&self, client: u64, tenant: TenantId, revoked: &[Chunk], how: &str) {
+        self.credit(tenant, revoked.iter().map(|c| c.len).sum(), 0);
         let bytes = self.pool.release_revoked(revoked);
         log::info!(
             "client {client:#x} gone ({how}): reclaimed {} chunks, {}",

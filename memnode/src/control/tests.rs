@@ -12,12 +12,17 @@ use std::sync::atomic::Ordering;
 
 const TOKEN: &[u8] = b"s3cret";
 
+/// One tenant with `token`, or the open tenant without one.
+fn tenants_of(token: Option<&[u8]>) -> Arc<Tenants> {
+    Arc::new(token.map_or_else(Tenants::open, Tenants::single))
+}
+
 fn service(token: Option<&[u8]>) -> ControlService {
     let region = Arc::new(Region::reserve(16 * system_page_size(), false).expect("reserve"));
     let pool = Arc::new(ChunkPool::new(region, Arc::new(TcpRegistry::new())));
     ControlService::new(
         pool,
-        token.map(<[u8]>::to_vec),
+        tenants_of(token),
         0xfeed,
         Duration::from_secs(10),
         Duration::ZERO,
@@ -28,7 +33,13 @@ fn service(token: Option<&[u8]>) -> ControlService {
 fn service_with_grace(grace: Duration) -> ControlService {
     let region = Arc::new(Region::reserve(16 * system_page_size(), false).expect("reserve"));
     let pool = Arc::new(ChunkPool::new(region, Arc::new(TcpRegistry::new())));
-    ControlService::new(pool, None, 0xfeed, Duration::from_secs(10), grace)
+    ControlService::new(
+        pool,
+        tenants_of(None),
+        0xfeed,
+        Duration::from_secs(10),
+        grace,
+    )
 }
 
 /// A service over `pages` pages with a lease of `lease`, and its registry (the NIC)
@@ -38,7 +49,7 @@ fn service_with(pages: u64, lease: Duration) -> (ControlService, Arc<TcpRegistry
     let nic = Arc::new(TcpRegistry::new());
     let pool = Arc::new(ChunkPool::new(region, nic.clone()));
     (
-        ControlService::new(pool, None, 0xfeed, lease, Duration::ZERO),
+        ControlService::new(pool, tenants_of(None), 0xfeed, lease, Duration::ZERO),
         nic,
     )
 }
@@ -517,6 +528,7 @@ fn prove_without_hello_or_hello_twice_is_refused_and_closes() {
     assert!(close);
 }
 
+mod tenants;
 mod volumes;
 
 fn alloc_on(s: &ControlService, c: &mut ConnectionState, bytes: u64) -> Allocation {

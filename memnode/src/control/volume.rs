@@ -6,10 +6,15 @@
 //! closes the volume, its last connection closes, or another client takes the
 //! volume over (fencing it). Only VolumeDestroy frees them. The bookkeeping and its
 //! rules are in `volumes.rs`; this module applies them to the pool.
+//!
+//! A volume is its creator's tenant's, found by (tenant, name): a client of another
+//! tenant is answered as if it did not exist. Creating one charges the tenant a
+//! volume and the root page; destroying it credits what it held.
 
 use super::reply::{alloc_error, internal, pool_error_code, volume_error};
 use super::{show, ControlService};
 use crate::allocator::Owner;
+use crate::tenants::TenantId;
 use crate::volumes::{Holder, OpenPlan, TakeoverReason, VolumeError, VolumeTable};
 use rmemfs_common::protocol::{ErrorCode, Response};
 use rmemfs_common::size::format_size;
@@ -19,13 +24,14 @@ impl ControlService {
     pub(super) fn volume_open(
         &self,
         client: u64,
+        tenant: TenantId,
         peer: &str,
         name: &[u8],
         create: bool,
         takeover: bool,
     ) -> Response {
         let mut vols = self.volumes();
-        let plan = vols.plan_open(client, name, create, takeover, self.lease, |c| {
+        let plan = vols.plan_open(client, tenant, name, create, takeover, self.lease, |c| {
             self.last_heard(c)
         });
         let plan = match plan {
@@ -58,20 +64,25 @@ impl ControlService {
         match plan {
             OpenPlan::AlreadyHeld => internal("unreachable open plan"),
             OpenPlan::Create { id } => {
-                let root = match self
-                    .pool
-                    .alloc_for(Owner::Volume(id), client, self.pool.page())
-                {
+                let page = self.pool.page();
+                if let Err(over) = self.charge(tenant, page, 1) {
+                    return over;
+                }
+                let root = match self.pool.alloc_for(Owner::Volume(id), client, page) {
                     Ok(c) => c,
-                    Err(e) => return alloc_error(client, self.pool.page(), e),
+                    Err(e) => {
+                        self.credit(tenant, page, 1);
+                        return alloc_error(client, page, e);
+                    }
                 };
                 match vols
-                    .create(id, name, root.to_wire(), holder)
+                    .create(id, tenant, name, root.to_wire(), holder)
                     .and_then(|v| v.info(true))
                 {
                     Some(info) => {
                         log::info!(
-                            "client {client:#x} from {peer} created volume {} (id {id})",
+                            "client {client:#x} of tenant {:?} from {peer} created volume {} (id {id})",
+                            self.tenants().name(tenant),
                             show(name)
                         );
                         Response::VolumeOpened(info)
@@ -80,15 +91,19 @@ impl ControlService {
                         let _ = self
                             .pool
                             .free_as(Owner::Volume(id), client, root.addr, root.rkey);
+                        self.credit(tenant, page, 1);
                         internal("the volume table refused a planned create")
                     }
                 }
             }
             OpenPlan::Hold { id, fence } => {
                 if let Some((old, why)) = fence {
-                    self.fence(&mut vols, name, &old, client, "takes it over", &why);
+                    self.fence(&mut vols, tenant, name, &old, client, "takes it over", &why);
                 }
-                let addrs = vols.get(name).map(|v| v.addrs()).unwrap_or_default();
+                let addrs = vols
+                    .get(tenant, name)
+                    .map(|v| v.addrs())
+                    .unwrap_or_default();
                 let mut rkeys = Vec::with_capacity(addrs.len());
                 for addr in addrs {
                     match self.pool.register(Owner::Volume(id), client, addr) {
@@ -105,7 +120,7 @@ impl ControlService {
                         }
                     }
                 }
-                if !vols.hold(name, holder, &rkeys) {
+                if !vols.hold(tenant, name, holder, &rkeys) {
                     for (_, rkey) in rkeys {
                         self.pool.deregister(rkey);
                     }
@@ -130,16 +145,18 @@ impl ControlService {
     /// Takes volume `name` from `old` for `by` (who then does `action`): every
     /// registration of `old` is revoked (its READs and WRITEs fail from now on) and
     /// `old` is fenced.
+    #[allow(clippy::too_many_arguments)]
     fn fence(
         &self,
         vols: &mut VolumeTable,
+        tenant: TenantId,
         name: &[u8],
         old: &Holder,
         by: u64,
         action: &str,
         why: &TakeoverReason,
     ) {
-        let Some((_, rkeys)) = vols.fence(name) else {
+        let Some((_, rkeys)) = vols.fence(tenant, name) else {
             return;
         };
         for rkey in &rkeys {
@@ -182,9 +199,10 @@ impl ControlService {
         Response::VolumeClosed
     }
 
-    pub(super) fn volume_destroy(&self, client: u64, name: &[u8]) -> Response {
+    pub(super) fn volume_destroy(&self, client: u64, tenant: TenantId, name: &[u8]) -> Response {
         let mut vols = self.volumes();
-        let plan = match vols.plan_destroy(client, name, self.lease, |c| self.last_heard(c)) {
+        let plan = match vols.plan_destroy(client, tenant, name, self.lease, |c| self.last_heard(c))
+        {
             Ok(p) => p,
             Err(e) => {
                 log::info!(
@@ -197,20 +215,25 @@ impl ControlService {
         if let Some(old) = &plan.fence {
             self.fence(
                 &mut vols,
+                tenant,
                 name,
                 old,
                 client,
                 "destroys it",
                 &TakeoverReason::LeaseExpired,
             );
-        } else if vols.held_by(client).is_some_and(|v| v.name() == name) {
+        } else if vols
+            .held_by(client)
+            .is_some_and(|v| v.tenant() == tenant && v.name() == name)
+        {
             for rkey in vols.release(client).map(|(_, r)| r).unwrap_or_default() {
                 self.pool.deregister(rkey);
             }
         }
-        let Some(v) = vols.remove(name) else {
+        let Some(v) = vols.remove(tenant, name) else {
             return internal("the volume table refused a planned destroy");
         };
+        self.credit(tenant, v.bytes(), 1);
         let bytes = self
             .pool
             .release_unregistered(Owner::Volume(plan.id), &v.addrs());

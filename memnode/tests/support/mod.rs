@@ -32,6 +32,7 @@ fn start_with(size: u64, token: Option<&[u8]>, lease: Duration) -> Memnode {
         listen: "127.0.0.1:0".into(),
         size,
         token: token.map(<[u8]>::to_vec),
+        tenants: None,
         huge_pages: false,
         transport: Transport::Tcp,
         poll: std::time::Duration::ZERO,

@@ -22,6 +22,7 @@ fn start_node(listen: &str) -> memnode::Memnode {
         listen: listen.into(),
         size: NODE_SIZE,
         token: None,
+        tenants: None,
         huge_pages: false,
         transport: Transport::Tcp,
         poll: std::time::Duration::ZERO,

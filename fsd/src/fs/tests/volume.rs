@@ -20,6 +20,7 @@ fn memnode_of(size: u64) -> memnode::Memnode {
         listen: "127.0.0.1:0".into(),
         size,
         token: None,
+        tenants: None,
         huge_pages: false,
         transport: rmemfs_common::fabric::Transport::Tcp,
         poll: Duration::ZERO,
