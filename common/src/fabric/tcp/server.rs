@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 const FDS_PER_CONNECTION: usize = 2;
 /// Descriptors kept beside the connections' for the rest of the process (the
 /// region or memory file, the listener, logs, the metrics endpoint).
-const FDS_BESIDE: usize = 256;
+const FDS_BESIDE: usize = 512;
 /// Stream buffers: small frames (headers, 4 KiB payloads) are gathered in them, so
 /// pipelined requests share reads and their completions share writes, while most of
 /// a large payload bypasses them (one copy less each way).
