@@ -316,22 +316,24 @@ impl FrameReader<'_> {
     /// stream.
     fn next_frame(&mut self) -> Result<bool, String> {
         self.frame_deadline = None;
-        if self.r.buffer().is_empty() {
-            let fd = self.r.get_ref().as_fd();
-            match self.hello_deadline {
-                // A client that just got its completion often sends its next request
-                // at once: poll a while before sleeping (see `direct::poll_readable`).
-                None => {
-                    direct::poll_readable(fd, self.poll, &POLLERS);
-                }
-                Some(deadline) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero()
-                        || !direct::wait_readable(fd, left)
+        let fd = self.r.get_ref().as_fd();
+        match self.hello_deadline {
+            // A client that just got its completion often sends its next request at
+            // once: poll a while before sleeping (see `direct::poll_readable`).
+            None if self.r.buffer().is_empty() => {
+                direct::poll_readable(fd, self.poll, &POLLERS);
+            }
+            None => {}
+            // Checked at every frame, not only when the buffer runs dry: requests
+            // that keep coming must not keep a connection past its Hello's deadline.
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero()
+                    || self.r.buffer().is_empty()
+                        && !direct::wait_readable(fd, left)
                             .map_err(|e| format!("waiting for the Hello: {e}"))?
-                    {
-                        return Err(self.hello_late());
-                    }
+                {
+                    return Err(self.hello_late());
                 }
             }
         }
