@@ -150,9 +150,9 @@ pub fn fsd_args(
     source: &Source,
     options: &HelperOptions,
 ) -> Result<Vec<OsString>, HelperError> {
-    if let (Some(v), Some(Some(o))) = (&source.volume, options.setting("volume")) {
+    if let (Some(v), Some(Some(_))) = (&source.volume, options.setting("volume")) {
         return Err(HelperError::Usage(format!(
-            "the volume is named twice, {v:?} in the SOURCE and {o:?} by volume=: name it once"
+            "the volume is named twice, {v:?} in the SOURCE and by volume=: name it once"
         )));
     }
     if options.setting("takeover").is_some()
@@ -190,7 +190,8 @@ pub fn fsd_args(
 
 /// Runs fsd's own command-line parser on `args`, so that a bad value or a
 /// combination fsd refuses is reported before anything starts, naming the mount
-/// option it came from. (fsd checks ranges and the memnodes itself once started.)
+/// option it came from, with the options' values taken out of fsd's message. (fsd
+/// checks ranges and the memnodes itself once started.)
 pub fn check_with_fsd(args: &[OsString], options: &HelperOptions) -> Result<(), HelperError> {
     let argv = std::iter::once(OsString::from("fsd")).chain(args.iter().cloned());
     let Err(e) = daemon::Options::try_parse_from(argv) else {
@@ -206,6 +207,7 @@ pub fn check_with_fsd(args: &[OsString], options: &HelperOptions) -> Result<(), 
         .collect::<Vec<_>>()
         .join(" ");
     let why = why.strip_prefix("error: ").unwrap_or(&why);
+    let why = options::redact(why, options.values());
     let option = e.get(clap::error::ContextKind::InvalidArg).and_then(|arg| {
         let arg = arg.to_string();
         let flag = arg.split([' ', '=']).next().unwrap_or_default().to_string();
@@ -373,23 +375,20 @@ mod tests {
     #[test]
     fn what_fsd_would_refuse_is_refused_first_naming_the_option() {
         for (source, options, says) in [
-            (
-                "a:1",
-                "cache=lots",
-                "option cache=lots: invalid value 'lots'",
-            ),
+            ("a:1", "cache=lots", "option cache: invalid value '…'"),
             (
                 "a:1",
                 "fuse_transport=carrier-pigeon",
-                "option fuse_transport=carrier-pigeon",
+                "option fuse_transport: invalid value '…'",
             ),
-            ("a:1", "threads=many", "option threads=many"),
+            ("a:1", "threads=many", "option threads: invalid value '…'"),
             ("a:1", "direct_io,writeback_cache", "cannot be used with"),
             ("a:1", "takeover", "takeover takes a volume over"),
             (
                 "a:1",
                 "token_file=/nonexistent/token",
-                "reading the token file /nonexistent/token",
+                "option token_file: invalid value '…' for '--token-file <PATH>': reading the token \
+                 file …",
             ),
             ("a:1/v", "volume=w", "named twice"),
             ("a:1", "embedded_size=1G", "embedded_size="),
@@ -397,6 +396,24 @@ mod tests {
             let e = args_for(source, options).unwrap_err();
             assert_eq!(e.exit_code(), 1, "{source} -o {options}");
             assert!(e.to_string().contains(says), "{source} -o {options}: {e}");
+        }
+    }
+
+    #[test]
+    fn no_refusal_shows_an_options_value() {
+        let secret = "hunter2-s3cret";
+        for (source, options) in [
+            ("a:1", format!("Token={secret}")),
+            ("a:1", format!("cache={secret}")),
+            ("a:1", format!("token_file=/nonexistent/{secret}")),
+            ("a:1", format!("token_file={secret}")),
+            ("a:1", format!("replicas={secret}")),
+            ("a:1", format!("fuse_transport={secret}")),
+            ("a:1/v", format!("volume={secret}")),
+            ("a:1", format!("direct_io,writeback_cache,volume={secret}")),
+        ] {
+            let e = args_for(source, &options).unwrap_err().to_string();
+            assert!(!e.contains(secret), "{source} -o {options}: {e}");
         }
     }
 }

@@ -29,6 +29,7 @@ fn memnode_addr() -> &'static str {
             size: 4 << 20,
             token: Some(TOKEN.to_vec()),
             tenants: None,
+            connections: rmemfs_common::fabric::ConnectionLimits::default(),
             huge_pages: false,
             transport: Transport::Tcp,
             poll: Duration::ZERO,

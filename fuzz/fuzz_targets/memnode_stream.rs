@@ -39,6 +39,7 @@ fn rig() -> &'static Rig {
             // Fuzzed connections' sessions end with them, so their memory comes back.
             session_grace: Duration::ZERO,
             memory_file: None,
+            connections: rmemfs_common::fabric::ConnectionLimits::default(),
         })
         .expect("memnode starts");
         let addr = node.local_addr().to_string();

@@ -95,6 +95,10 @@ pub struct MemnodeConfig {
     /// session and volume (see `memfile.rs`). `None`: anonymous memory, a restart
     /// is a new instance.
     pub memory_file: Option<MemoryFileConfig>,
+    /// Caps and deadlines of the fabric's connections (`--hello-timeout`,
+    /// `--frame-timeout`): what keeps anyone who reaches the port from shutting the
+    /// clients out. [`fabric::ConnectionLimits::default`] for a memnode.
+    pub connections: fabric::ConnectionLimits,
 }
 
 /// Why a memnode could not start.
@@ -187,8 +191,8 @@ impl Memnode {
             })?;
         let transport_choice = transport.describe_choice();
         log::info!("transport {transport_choice}");
-        let listener =
-            fabric::bind(transport, &cfg.listen, cfg.poll).map_err(MemnodeError::Bind)?;
+        let listener = fabric::bind_with(transport, &cfg.listen, cfg.poll, cfg.connections)
+            .map_err(MemnodeError::Bind)?;
         let (region, file) = match &cfg.memory_file {
             None => (region::Region::reserve(cfg.size, cfg.huge_pages)?, None),
             Some(mf) => {

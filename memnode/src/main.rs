@@ -112,6 +112,17 @@ struct Cli {
     /// picks a free port, printed on stdout). Off by default.
     #[arg(long, value_name = "HOST:PORT")]
     metrics: Option<String>,
+
+    /// Seconds a connection has from accept to complete its Hello; then it is closed.
+    #[arg(long, value_name = "SECS", default_value_t = fabric::HELLO_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    hello_timeout: u64,
+
+    /// Seconds a request, once begun, has to arrive whole over tcp; then the
+    /// connection is closed.
+    #[arg(long, value_name = "SECS", default_value_t = fabric::FRAME_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    frame_timeout: u64,
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -163,6 +174,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             path,
             reset: cli.memory_file_reset,
         }),
+        connections: fabric::ConnectionLimits {
+            hello_timeout: std::time::Duration::from_secs(cli.hello_timeout),
+            frame_timeout: std::time::Duration::from_secs(cli.frame_timeout),
+            ..fabric::ConnectionLimits::default()
+        },
     })
     .with_context(|| format!("starting memnode on {}", cli.listen))?;
     let metrics = match &cli.metrics {

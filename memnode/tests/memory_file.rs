@@ -33,6 +33,7 @@ fn start_with_grace(file: &Path, listen: &str, grace: Duration) -> Memnode {
             path: file.to_path_buf(),
             reset: false,
         }),
+        connections: rmemfs_common::fabric::ConnectionLimits::default(),
     })
     .expect("a memnode on its memory file starts")
 }

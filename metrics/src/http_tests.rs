@@ -2,6 +2,8 @@ use super::*;
 use crate::family;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 #[derive(Debug)]
 struct One;
@@ -157,29 +159,98 @@ fn a_silent_client_does_not_stop_scrapes() {
 }
 
 #[test]
-fn a_flood_of_connections_is_shed_and_serving_resumes() {
+fn a_flood_of_idle_connections_closes_the_oldest_and_a_scrape_answers_at_once() {
     let s = server();
-    // Far more idle connections than workers and queue: the surplus is closed.
-    let idle: Vec<TcpStream> = (0..4 * (WORKERS + QUEUE))
-        .filter_map(|_| TcpStream::connect(s.local_addr()).ok())
+    // Twice as many idle connections as one address may hold: its oldest are closed.
+    let mut idle: Vec<TcpStream> = (0..2 * MAX_PER_SOURCE)
+        .map(|_| TcpStream::connect(s.local_addr()).expect("connects"))
         .collect();
-    assert!(!idle.is_empty());
-    drop(idle);
-    let deadline = Instant::now() + 3 * REQUEST_DEADLINE;
-    loop {
-        let mut c = TcpStream::connect(s.local_addr()).unwrap();
-        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let _ = c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n");
-        let mut out = String::new();
-        let _ = c.read_to_string(&mut out);
-        if out.starts_with("HTTP/1.1 200 OK") {
-            break;
+    let a = exchange(&s, b"GET /metrics HTTP/1.1\r\n\r\n");
+    assert_eq!(status_line(&a), "HTTP/1.1 200 OK", "{a}");
+    idle[0]
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut sink = Vec::new();
+    assert!(
+        matches!(idle[0].read_to_end(&mut sink), Ok(0) | Err(_)),
+        "the oldest idle connection was closed, unanswered"
+    );
+}
+
+/// A connection to `s` from the loopback address `from` (127.0.0.x).
+fn connect_from(from: &str, s: SocketAddr) -> io::Result<TcpStream> {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    let local: SocketAddr = format!("{from}:0").parse().expect("an address");
+    socket.bind(&local.into())?;
+    socket.connect(&s.into())?;
+    Ok(socket.into())
+}
+
+/// Until `stop`: connects from `from`, sends `request` and reads what comes back a
+/// byte every 20 ms until the server closes the connection, then does it again.
+fn slow_client(addr: SocketAddr, from: String, request: &'static [u8], stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::SeqCst) {
+        let Ok(mut c) = connect_from(&from, addr) else {
+            continue;
+        };
+        let _ = c.set_read_timeout(Some(Duration::from_millis(20)));
+        let _ = c.write_all(request);
+        let mut byte = [0u8; 1];
+        while !stop.load(Ordering::SeqCst) {
+            match c.read(&mut byte) {
+                Ok(0) => break,
+                Ok(_) => std::thread::sleep(Duration::from_millis(20)),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => break,
+            }
         }
-        assert!(
-            Instant::now() < deadline,
-            "no scrape answered after the flood"
-        );
-        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn slow_clients_that_keep_reconnecting_do_not_stop_scrapes() {
+    let mut reg = Registry::default();
+    reg.register_collector(Box::new(One));
+    // Deadlines short enough that the slow clients are closed and come back many
+    // times during the test.
+    let s = MetricsServer::start_with(
+        "127.0.0.1:0",
+        reg,
+        Limits {
+            request_deadline: Duration::from_millis(200),
+            answer_deadline: Duration::from_millis(200),
+            ..Limits::default()
+        },
+    )
+    .expect("binds a free port");
+    let stop = Arc::new(AtomicBool::new(false));
+    // Far more than the two workers and sixteen queued connections of old, from the
+    // scraper's own address and from another: half-requests that never end, and
+    // whole ones whose answers are read a byte at a time.
+    let clients: Vec<_> = (0..48)
+        .map(|i| {
+            let from = format!("127.0.0.{}", 1 + i % 2);
+            let request: &'static [u8] = if i % 3 == 0 {
+                b"GET /metrics HTTP/1.1\r\n\r\n"
+            } else {
+                b"GET /metr"
+            };
+            let (addr, stop) = (s.local_addr(), stop.clone());
+            std::thread::spawn(move || slow_client(addr, from, request, stop))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..20 {
+        let a = exchange(&s, b"GET /metrics HTTP/1.1\r\n\r\n");
+        assert_eq!(status_line(&a), "HTTP/1.1 200 OK", "{a}");
+    }
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        c.join().expect("a slow client");
     }
 }
 

@@ -344,20 +344,97 @@ pub fn connect(
     }
 }
 
-/// Binds the passive side to `listen` ("host:port"; port 0 picks a free port). Over
-/// tcp each connection thread polls for up to `poll` for the next request before it
-/// sleeps; over verbs the NIC serves one-sided requests and `poll` is unused.
+/// Binds the passive side to `listen` ("host:port"; port 0 picks a free port), with
+/// the default [`ConnectionLimits`]. Over tcp each connection thread polls for up to
+/// `poll` for the next request before it sleeps; over verbs the NIC serves one-sided
+/// requests and `poll` is unused.
 pub fn bind(
     transport: Transport,
     listen: &str,
     poll: Duration,
 ) -> Result<Box<dyn Listener>, FabricError> {
+    bind_with(transport, listen, poll, ConnectionLimits::default())
+}
+
+/// As [`bind`], with the connection caps and deadlines `limits`.
+pub fn bind_with(
+    transport: Transport,
+    listen: &str,
+    poll: Duration,
+    limits: ConnectionLimits,
+) -> Result<Box<dyn Listener>, FabricError> {
     match resolve_for(transport, listen)? {
         #[cfg(feature = "verbs")]
-        Transport::Verbs => verbs::VerbsListener::bind(listen),
-        _ => Ok(Box::new(tcp::TcpListener::bind(listen)?.with_poll(poll))),
+        Transport::Verbs => verbs::VerbsListener::bind(listen, limits),
+        _ => Ok(Box::new(
+            tcp::TcpListener::bind(listen)?
+                .with_poll(poll)
+                .with_limits(limits),
+        )),
     }
 }
+
+/// Most connections past their Hello that a server keeps; more are refused, so that
+/// clients cannot exhaust its threads.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Most connections that have not completed their Hello, from every address
+/// together: when full, the oldest of them is closed for a new one (see
+/// [`crate::admission`]).
+pub const MAX_PENDING: usize = 256;
+/// Most connections that have not completed their Hello from one address (an IPv6
+/// /64): when full, that address's oldest is closed for its new one.
+pub const MAX_PENDING_PER_SOURCE: usize = 16;
+/// How long a connection has from accept to complete its Hello (memnode's
+/// `--hello-timeout`); then it is closed. A client's Hello takes two round trips.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Once a frame has begun, the whole of it must arrive within this time (memnode's
+/// `--frame-timeout`), or the connection is closed: a client that sends half a frame,
+/// or a byte now and then, cannot pin a thread. Between frames an authenticated
+/// connection may idle as long as it likes.
+pub const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The caps and deadlines of a fabric server's connections: what keeps anyone who
+/// can reach its port, token or not, from shutting its clients out
+/// ([`crate::admission`] says how the caps work).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Connections past their Hello ([`MAX_CONNECTIONS`]).
+    pub authenticated: usize,
+    /// Connections before their Hello, in all ([`MAX_PENDING`]).
+    pub pending: usize,
+    /// Connections before their Hello, per address ([`MAX_PENDING_PER_SOURCE`]).
+    pub pending_per_source: usize,
+    /// From accept to the end of the Hello ([`HELLO_TIMEOUT`]).
+    pub hello_timeout: Duration,
+    /// From a frame's start to its end, over tcp ([`FRAME_TIMEOUT`]).
+    pub frame_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> ConnectionLimits {
+        ConnectionLimits {
+            authenticated: MAX_CONNECTIONS,
+            pending: MAX_PENDING,
+            pending_per_source: MAX_PENDING_PER_SOURCE,
+            hello_timeout: HELLO_TIMEOUT,
+            frame_timeout: FRAME_TIMEOUT,
+        }
+    }
+}
+
+impl ConnectionLimits {
+    /// The caps of the server's [`crate::admission::Admission`].
+    pub fn caps(&self) -> crate::admission::Caps {
+        crate::admission::Caps {
+            authenticated: self.authenticated,
+            pending: self.pending,
+            pending_per_source: self.pending_per_source,
+        }
+    }
+}
+
+/// What a fabric server's pending connections are, in its log lines.
+pub(crate) const PENDING_MEANS: &str = "without completing its Hello";
 
 /// The default for `poll` in [`connect`] and [`bind`] (fsd's and memnode's
 /// `--poll-us`): a few loopback or LAN round trips, so a thread waiting for a

@@ -52,6 +52,7 @@ pub(super) fn memnodes(
             lease: memnode::DEFAULT_LEASE,
             session_grace: memnode::DEFAULT_SESSION_GRACE,
             memory_file: None,
+            connections: rmemfs_common::fabric::ConnectionLimits::default(),
         })
         .context("starting the embedded memnode")?;
         if let Some(v) = &opts.volume {

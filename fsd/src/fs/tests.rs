@@ -53,6 +53,7 @@ fn rig_soft(
         lease: memnode::DEFAULT_LEASE,
         session_grace: memnode::DEFAULT_SESSION_GRACE,
         memory_file: None,
+        connections: rmemfs_common::fabric::ConnectionLimits::default(),
     })
     .expect("memnode starts");
     let addr = node.local_addr().to_string();

@@ -19,9 +19,15 @@
 //!   `suid` or `dev` on here: rmemfs's defaults are `nosuid,nodev`);
 //! - anything else is an error naming the option (with `-s`, sloppy, a warning).
 //!
-//! `token=` is refused: a mount option shows in `ps`, in `/etc/fstab` (readable by
-//! all) and in mount(8)'s messages. `token_file=PATH` names a file (mode 600) whose
-//! one line fsd reads, so the secret appears nowhere else.
+//! `token=` (in any case) is refused: a mount option shows in `ps`, in `/etc/fstab`
+//! (readable by all) and in mount(8)'s messages. `token_file=PATH` names a file (mode
+//! 600) whose one line fsd reads, so the secret appears nowhere else.
+//!
+//! No message or log line of the helper's shows what follows an option's `=`, only
+//! its name ([`name_of`]): a secret given to the wrong option, or under a name it
+//! does not know (`Token=...`, `password=...`), must not land in the error, the
+//! journal or mount(8)'s output. [`redact`] takes values out of messages written by
+//! others (fsd's command-line parser).
 
 use crate::mount::MountOptions;
 use std::path::PathBuf;
@@ -113,16 +119,17 @@ pub struct HelperOptions {
     pub log: Option<PathBuf>,
     /// `mount_timeout=SECS`.
     pub mount_timeout: Option<Duration>,
-    /// Options ignored: comment options, and at a remount the kernel's own.
+    /// The names of the options ignored: comment options, and at a remount the
+    /// kernel's own.
     pub ignored: Vec<String>,
     /// At a remount, the FUSE module's own options came along: mount(8) merged the
     /// list from `/proc/self/mountinfo` (see `super::remount`).
     pub merged_from_mountinfo: bool,
-    /// Unknown options let through by `-s` (sloppy).
+    /// The names of the unknown options let through by `-s` (sloppy).
     pub sloppy_unknown: Vec<String>,
 }
 
-/// Why the options were refused; the message names the option.
+/// Why the options were refused; the message names the option, never its value.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum OptionError {
     #[error("unknown option {0:?} (see docs/mounting.md for the options rmemfs takes)")]
@@ -168,7 +175,7 @@ impl HelperOptions {
             return Ok(());
         }
         if is_comment(opt) {
-            self.ignored.push(opt.to_string());
+            self.ignored.push(name_of(opt).to_string());
             return Ok(());
         }
         let (key, value) = match opt.split_once('=') {
@@ -178,12 +185,14 @@ impl HelperOptions {
         let name = key.replace('-', "_");
         match (name.as_str(), value) {
             ("remount", None) => self.remount = true,
-            ("token", _) => return Err(OptionError::TokenInOptions(opt.into())),
+            (token, _) if token.eq_ignore_ascii_case("token") => {
+                return Err(OptionError::TokenInOptions(key.into()))
+            }
             ("log", Some(path)) if !path.is_empty() => self.log = Some(absolute(path)),
             ("mount_timeout", Some(secs)) => {
                 self.mount_timeout =
                     Some(parse_timeout(secs).ok_or_else(|| OptionError::BadValue {
-                        option: opt.into(),
+                        option: name.clone(),
                         why: "a number of seconds from 1 to 3600".into(),
                     })?)
             }
@@ -191,15 +200,15 @@ impl HelperOptions {
             ("remount", Some(_)) => return Err(OptionError::TakesNoValue(name)),
             (kernel, Some(_)) if self.remount && KERNEL_FUSE_OPTIONS.contains(&kernel) => {
                 self.merged_from_mountinfo = true;
-                self.ignored.push(opt.to_string())
+                self.ignored.push(key.to_string())
             }
             _ => {
                 let Some(setting) = SETTINGS.iter().find(|s| s.name == name) else {
                     if sloppy {
-                        self.sloppy_unknown.push(opt.to_string());
+                        self.sloppy_unknown.push(key.to_string());
                         return Ok(());
                     }
-                    return Err(OptionError::Unknown(opt.into()));
+                    return Err(OptionError::Unknown(key.into()));
                 };
                 let value = match (setting.takes_value, value) {
                     (true, Some(v)) if !v.is_empty() => {
@@ -246,16 +255,73 @@ impl HelperOptions {
         args
     }
 
-    /// The option whose fsd flag is `flag` (`--cache` -> `cache=1G`), for messages.
-    pub fn option_of_flag(&self, flag: &str) -> Option<String> {
+    /// The name of the option whose fsd flag is `flag` (`--cache` -> `cache`), for
+    /// messages.
+    pub fn option_of_flag(&self, flag: &str) -> Option<&'static str> {
         self.settings
             .iter()
             .find(|(s, _)| s.flag == flag)
-            .map(|(s, v)| match v {
-                Some(v) => format!("{}={v}", s.name),
-                None => s.name.to_string(),
-            })
+            .map(|(s, _)| s.name)
     }
+
+    /// The values of the settings, as given to fsd: what [`redact`] takes out of
+    /// messages about them.
+    pub fn values(&self) -> impl Iterator<Item = &str> {
+        self.settings.iter().filter_map(|(_, v)| v.as_deref())
+    }
+}
+
+/// An option's name: what comes before its `=`, the only part a message shows.
+pub fn name_of(opt: &str) -> &str {
+    opt.split_once('=').map_or(opt, |(name, _)| name)
+}
+
+/// `text` with every occurrence of each of `values` (as it is and as Rust's `{:?}`
+/// escapes it) that stands apart from letters and digits replaced by `…`: the
+/// values of options taken out of a message someone else wrote.
+pub fn redact<'a>(text: &str, values: impl IntoIterator<Item = &'a str>) -> String {
+    let mut values: Vec<String> = values
+        .into_iter()
+        .filter(|v| !v.is_empty())
+        .flat_map(|v| [v.to_string(), v.escape_debug().to_string()])
+        .collect();
+    // Longest first, so that a value inside another goes with it.
+    values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    let mut out = text.to_string();
+    for v in &values {
+        out = replace_standalone(&out, v);
+    }
+    out
+}
+
+/// `text` with the occurrences of `word` not inside a run of letters and digits
+/// replaced by `…`.
+fn replace_standalone(text: &str, word: &str) -> String {
+    let joins = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(word) {
+        let before = if at > 0 {
+            rest[..at].chars().next_back()
+        } else {
+            out.chars().next_back()
+        };
+        let after = rest[at + word.len()..].chars().next();
+        out.push_str(&rest[..at]);
+        if joins(before) && word.starts_with(char::is_alphanumeric)
+            || joins(after) && word.ends_with(char::is_alphanumeric)
+        {
+            // Part of a longer word: not this value.
+            let first = word.chars().next().map_or(1, char::len_utf8);
+            out.push_str(&word[..first]);
+            rest = &rest[at + first..];
+        } else {
+            out.push('…');
+            rest = &rest[at + word.len()..];
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// mount(8)'s and systemd's own options, which mean nothing to rmemfs.
@@ -332,7 +398,7 @@ mod tests {
                 "defaults",
                 "x-systemd.automount",
                 "X-mount.mkdir",
-                "comment=hi",
+                "comment",
             ]
         );
         assert_eq!(o.log, Some(PathBuf::from("/var/log/x.log")));
@@ -342,10 +408,7 @@ mod tests {
         assert_eq!(o.setting("takeover"), Some(None));
         assert_eq!(o.setting("cache"), Some(Some("1G")));
         assert_eq!(o.setting("stats_file"), None);
-        assert_eq!(
-            o.option_of_flag("--block-size").as_deref(),
-            Some("block_size=16K")
-        );
+        assert_eq!(o.option_of_flag("--block-size"), Some("block_size"));
     }
 
     #[test]
@@ -391,12 +454,12 @@ mod tests {
         let o = parse("ro,user_id=0,group_id=0,remount,cache=1G,allow_other,default_permissions");
         assert!(o.remount && o.merged_from_mountinfo);
         assert_eq!(o.mount, ["ro", "allow_other", "default_permissions"]);
-        assert_eq!(o.ignored, ["user_id=0", "group_id=0"]);
+        assert_eq!(o.ignored, ["user_id", "group_id"]);
         let o = parse("ro,remount,_netdev,cache=1G");
         assert!(o.remount && !o.merged_from_mountinfo, "from fstab");
         assert_eq!(
             HelperOptions::parse("user_id=0", false),
-            Err(OptionError::Unknown("user_id=0".into())),
+            Err(OptionError::Unknown("user_id".into())),
             "not at a mount"
         );
     }
@@ -406,10 +469,12 @@ mod tests {
         use OptionError::*;
         let table: &[(&str, OptionError)] = &[
             ("bogus", Unknown("bogus".into())),
-            ("rw,cache=1G,bogus=3", Unknown("bogus=3".into())),
-            ("memnode=a:1", Unknown("memnode=a:1".into())),
+            ("rw,cache=1G,bogus=3", Unknown("bogus".into())),
+            ("memnode=a:1", Unknown("memnode".into())),
             ("allow_exec", Unknown("allow_exec".into())),
-            ("token=s3cret", TokenInOptions("token=s3cret".into())),
+            ("token=s3cret", TokenInOptions("token".into())),
+            ("Token=s3cret", TokenInOptions("Token".into())),
+            ("TOKEN=s3cret", TokenInOptions("TOKEN".into())),
             ("cache", NeedsValue("cache".into())),
             ("cache=", NeedsValue("cache".into())),
             ("token_file", NeedsValue("token_file".into())),
@@ -421,7 +486,7 @@ mod tests {
             (
                 "mount_timeout=0",
                 BadValue {
-                    option: "mount_timeout=0".into(),
+                    option: "mount_timeout".into(),
                     why: "a number of seconds from 1 to 3600".into(),
                 },
             ),
@@ -439,9 +504,55 @@ mod tests {
     #[test]
     fn sloppy_lets_unknown_options_through() {
         let o = HelperOptions::parse("bogus,cache=1G,frob=2", true).unwrap();
-        assert_eq!(o.sloppy_unknown, ["bogus", "frob=2"]);
+        assert_eq!(o.sloppy_unknown, ["bogus", "frob"]);
         assert_eq!(o.fsd_flags(), ["--cache", "1G"]);
         // Sloppiness does not extend to secrets.
         assert!(HelperOptions::parse("token=x", true).is_err());
+        assert!(HelperOptions::parse("Token=x", true).is_err());
+    }
+
+    #[test]
+    fn no_message_about_an_option_shows_its_value() {
+        let secret = "hunter2-s3cret";
+        for list in [
+            format!("Token={secret}"),
+            format!("password={secret}"),
+            format!("cache=1G,auth_token={secret}"),
+            format!("mount_timeout={secret}"),
+            format!("remount={secret}"),
+            format!("takeover={secret}"),
+            format!("x-systemd.requires={secret},comment={secret}"),
+            format!("remount,user_id={secret}"),
+        ] {
+            let shown = match HelperOptions::parse(&list, false) {
+                Err(e) => e.to_string(),
+                Ok(o) => format!("{:?} {:?}", o.ignored, o.sloppy_unknown),
+            };
+            assert!(!shown.contains(secret), "-o {list}: {shown}");
+            let sloppy = HelperOptions::parse(&list, true)
+                .map(|o| format!("{:?} {:?}", o.ignored, o.sloppy_unknown))
+                .unwrap_or_else(|e| e.to_string());
+            assert!(!sloppy.contains(secret), "-s -o {list}: {sloppy}");
+        }
+    }
+
+    #[test]
+    fn redact_takes_out_values_that_stand_apart_and_leaves_longer_words() {
+        assert_eq!(
+            redact("invalid value 'lots' for '--cache <SIZE>'", ["lots"]),
+            "invalid value '…' for '--cache <SIZE>'"
+        );
+        assert_eq!(
+            redact("reading the token file /d/s3cret: not found", ["/d/s3cret"]),
+            "reading the token file …: not found"
+        );
+        // Inside a longer word or number, a short value stays.
+        assert_eq!(
+            redact("0 is not in 1..=1024", ["0"]),
+            "… is not in 1..=1024"
+        );
+        // As `{:?}` escapes it, too.
+        assert_eq!(redact(r#"a "q\"x" b"#, [r#"q"x"#]), r#"a "…" b"#);
+        assert_eq!(redact("nothing here", ["", "zz"]), "nothing here");
     }
 }

@@ -254,6 +254,7 @@ mod tests {
             lease: memnode::DEFAULT_LEASE,
             session_grace: memnode::DEFAULT_SESSION_GRACE,
             memory_file: None,
+            connections: rmemfs_common::fabric::ConnectionLimits::default(),
         })
         .expect("memnode starts");
         let connect: Arc<Connector> = Arc::new(|peer: &str, _client: u64| {

@@ -26,6 +26,7 @@ fn start_node(listen: &str) -> memnode::Memnode {
         lease: memnode::DEFAULT_LEASE,
         session_grace: Duration::from_secs(60),
         memory_file: None,
+        connections: rmemfs_common::fabric::ConnectionLimits::default(),
     })
     .expect("memnode starts")
 }

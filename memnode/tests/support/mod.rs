@@ -41,6 +41,7 @@ fn start_with(size: u64, token: Option<&[u8]>, lease: Duration) -> Memnode {
         // (`memory_file.rs`, `src/control/tests.rs`) set their own.
         session_grace: Duration::ZERO,
         memory_file: None,
+        connections: rmemfs_common::fabric::ConnectionLimits::default(),
     })
     .expect("a memnode on 127.0.0.1:0 starts")
 }

@@ -94,7 +94,9 @@ pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> 
         events: libc::POLLIN,
         revents: 0,
     };
-    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // Rounded up: a deadline's last fraction of a millisecond is waited out, not
+    // cut short.
+    let ms = libc::c_int::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(libc::c_int::MAX);
     loop {
         // SAFETY: one valid pollfd.
         match unsafe { libc::poll(&mut p, 1, ms) } {

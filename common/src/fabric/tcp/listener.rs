@@ -7,7 +7,9 @@
 
 use super::registry::TcpRegistry;
 use super::server::TcpServer;
-use crate::fabric::{ControlHandler, FabricError, Listener, MemoryRegistry, Server};
+use crate::fabric::{
+    ConnectionLimits, ControlHandler, FabricError, Listener, MemoryRegistry, Server,
+};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +21,7 @@ pub struct TcpListener {
     addr: SocketAddr,
     registry: Arc<TcpRegistry>,
     poll: Duration,
+    limits: ConnectionLimits,
 }
 
 impl TcpListener {
@@ -33,6 +36,7 @@ impl TcpListener {
             addr,
             registry: Arc::new(TcpRegistry::new()),
             poll: Duration::ZERO,
+            limits: ConnectionLimits::default(),
         })
     }
 
@@ -43,9 +47,16 @@ impl TcpListener {
         self
     }
 
+    /// Serves with the caps and deadlines `limits` instead of the defaults (tests
+    /// give short deadlines).
+    pub fn with_limits(mut self, limits: ConnectionLimits) -> TcpListener {
+        self.limits = limits;
+        self
+    }
+
     /// Starts accepting and serving connections on background threads.
     pub fn start(self, control: Arc<dyn ControlHandler>) -> std::io::Result<TcpServer> {
-        TcpServer::start(self.socket, self.registry, control, self.poll)
+        TcpServer::start(self.socket, self.registry, control, self.poll, self.limits)
     }
 }
 

@@ -10,27 +10,41 @@
 //! stream cannot be trusted to resynchronise), an access the registry refuses gets an
 //! error completion. Nothing a client sends can panic the server or touch another
 //! client's memory.
+//!
+//! Nor can anyone who reaches the port keep clients out ([`ConnectionLimits`]): a
+//! connection is capped with the others that have not completed their Hello (in all
+//! and per address, the oldest closed to make room, see [`crate::admission`]) until
+//! the control handler has set its client, has [`ConnectionLimits::hello_timeout`]
+//! from accept to get there, and every frame, once begun, must arrive whole within
+//! [`ConnectionLimits::frame_timeout`] of its start.
 
 use super::direct;
 use super::placement::Placement;
 use super::registry::TcpRegistry;
 use super::wire::*;
-use crate::fabric::{AccessError, ConnectionState, ControlHandler, Server, MAX_DATA_OP};
+use crate::admission::{Admission, Ticket};
+use crate::fabric::{
+    AccessError, ConnectionLimits, ConnectionState, ControlHandler, Server, MAX_DATA_OP,
+    PENDING_MEANS,
+};
 use crate::protocol::MAX_CONTROL_FRAME;
 use crate::sync::lock;
+use crate::throttle::{and_more, Throttle, LOG_EVERY};
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-/// Most connections served at once; more are refused so a flood cannot exhaust threads.
-pub const MAX_CONNECTIONS: usize = 1024;
-/// Once a frame has begun, the rest of it must arrive within this time, or the
-/// connection is closed: a client that sends half a frame and stalls cannot pin a
-/// thread forever. Between frames a connection may idle as long as it likes.
-pub const FRAME_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Descriptors a connection holds: its socket, and the clone that lets shutdown
+/// and eviction close it from another thread.
+const FDS_PER_CONNECTION: usize = 2;
+/// Descriptors kept beside the connections' for the rest of the process (the
+/// region or memory file, the listener, logs, the metrics endpoint).
+const FDS_BESIDE: usize = 512;
 /// Stream buffers: small frames (headers, 4 KiB payloads) are gathered in them, so
 /// pipelined requests share reads and their completions share writes, while most of
 /// a large payload bypasses them (one copy less each way).
@@ -46,15 +60,23 @@ static POLLERS: direct::PollSlots = direct::PollSlots::new();
 struct Services {
     registry: Arc<TcpRegistry>,
     /// How long a connection thread polls for the next request before sleeping.
-    poll: std::time::Duration,
+    poll: Duration,
     control: Arc<dyn ControlHandler>,
-    live: AtomicUsize,
+    limits: ConnectionLimits,
+    /// The connection slots, before and after the Hello.
+    admission: Arc<Admission>,
     next_conn_id: AtomicU64,
     stopping: AtomicBool,
-    /// Clones of live streams, so shutdown can close them.
-    streams: Mutex<Vec<(u64, TcpStream)>>,
+    /// Clones of live streams by connection id, so shutdown and eviction can close
+    /// them.
+    streams: Mutex<HashMap<u64, TcpStream>>,
     /// Connection threads, so shutdown can wait for their disconnect callbacks.
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Connections closed before their Hello for what they did (or did not do):
+    /// anyone can make many, so their lines are throttled.
+    pre_hello_closes: Throttle,
+    /// Failed accepts (out of descriptors and the like), which repeat while it lasts.
+    accept_failures: Throttle,
 }
 
 /// A serving tcp fabric server (started by [`super::TcpListener`]). Dropping it (or
@@ -71,18 +93,33 @@ impl TcpServer {
         listener: TcpListener,
         registry: Arc<TcpRegistry>,
         control: Arc<dyn ControlHandler>,
-        poll: std::time::Duration,
+        poll: Duration,
+        limits: ConnectionLimits,
     ) -> std::io::Result<TcpServer> {
         let addr = listener.local_addr()?;
+        let caps = limits.caps();
+        crate::fdlimit::ensure(
+            caps.ceiling() * FDS_PER_CONNECTION + FDS_BESIDE,
+            &format!(
+                "up to {} fabric connections ({} past their Hello, {} before it, as many \
+                 again closing)",
+                caps.ceiling(),
+                caps.authenticated,
+                caps.pending
+            ),
+        );
         let services = Arc::new(Services {
             registry,
             poll,
             control,
-            live: AtomicUsize::new(0),
+            limits,
+            admission: Admission::new(caps, "fabric", PENDING_MEANS),
             next_conn_id: AtomicU64::new(1),
             stopping: AtomicBool::new(false),
-            streams: Mutex::new(Vec::new()),
+            streams: Mutex::new(HashMap::new()),
             threads: Mutex::new(Vec::new()),
+            pre_hello_closes: Throttle::new(LOG_EVERY),
+            accept_failures: Throttle::new(LOG_EVERY),
         });
         let s = services.clone();
         let acceptor = std::thread::Builder::new()
@@ -93,6 +130,11 @@ impl TcpServer {
             services,
             acceptor: Some(acceptor),
         })
+    }
+
+    /// How many connections are before and after their Hello, and alive in all.
+    pub fn connection_counts(&self) -> crate::admission::Counts {
+        self.services.admission.counts()
     }
 }
 
@@ -118,7 +160,7 @@ impl Server for TcpServer {
         if let Some(a) = self.acceptor.take() {
             let _ = a.join();
         }
-        for (_, s) in lock(&self.services.streams).drain(..) {
+        for (_, s) in lock(&self.services.streams).drain() {
             let _ = s.shutdown(Shutdown::Both);
         }
         let threads = std::mem::take(&mut *lock(&self.services.threads));
@@ -143,36 +185,55 @@ fn accept_loop(listener: TcpListener, services: Arc<Services>) {
             Ok(s) => s,
             Err(e) => {
                 // Out of descriptors and the like: back off instead of spinning.
-                log::warn!("accept failed: {e}");
-                std::thread::sleep(std::time::Duration::from_millis(50));
+                if let Some(n) = services.accept_failures.check() {
+                    log::warn!("accept failed: {e}{}", and_more(n));
+                }
+                std::thread::sleep(Duration::from_millis(50));
                 continue;
             }
         };
-        if services.live.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
-            log::warn!("refusing connection: {MAX_CONNECTIONS} already open");
+        let accepted = Instant::now();
+        // A peer already gone leaves nothing to serve.
+        let Ok(peer_addr) = stream.peer_addr() else {
             continue;
-        }
-        let peer = stream
-            .peer_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_else(|_| "?".into());
+        };
+        let Ok(clone) = stream.try_clone() else {
+            if let Some(n) = services.accept_failures.check() {
+                log::warn!(
+                    "closing a connection from {peer_addr}: no descriptor to spare{}",
+                    and_more(n)
+                );
+            }
+            continue;
+        };
         let conn_id = services.next_conn_id.fetch_add(1, Ordering::Relaxed);
-        if let Ok(clone) = stream.try_clone() {
-            lock(&services.streams).push((conn_id, clone));
-        }
-        services.live.fetch_add(1, Ordering::SeqCst);
+        let weak = Arc::downgrade(&services);
+        let close = Box::new(move || {
+            if let Some(s) = weak.upgrade() {
+                if let Some(stream) = lock(&s.streams).get(&conn_id) {
+                    let _ = stream.shutdown(Shutdown::Both);
+                }
+            }
+        });
+        // Admitted (or refused, logged there) before anything is spent on it; the
+        // stream's clone is in `streams` before another admission can evict it (the
+        // admissions are all this thread's).
+        let Ok(ticket) = services.admission.admit(peer_addr.ip(), close) else {
+            continue;
+        };
+        lock(&services.streams).insert(conn_id, clone);
+        let peer = peer_addr.to_string();
         let s = services.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("fabric-conn {peer}"))
             .spawn(move || {
+                let mut ticket = ticket;
                 let mut conn = ConnectionState::new(conn_id, peer);
-                match serve(stream, &mut conn, &s) {
-                    Ok(()) => log::debug!("connection {} from {} closed", conn_id, conn.peer),
-                    Err(why) => log::info!("closing connection from {}: {}", conn.peer, why),
-                }
+                let served = serve(stream, &mut conn, &s, &mut ticket, accepted);
+                log_end(&conn, &ticket, served, &s);
                 s.control.disconnected(&conn);
-                lock(&s.streams).retain(|(id, _)| *id != conn_id);
-                s.live.fetch_sub(1, Ordering::SeqCst);
+                lock(&s.streams).remove(&conn_id);
+                drop(ticket);
             });
         match spawned {
             Ok(handle) => {
@@ -181,9 +242,39 @@ fn accept_loop(listener: TcpListener, services: Arc<Services>) {
                 threads.push(handle);
             }
             Err(e) => {
-                log::warn!("cannot spawn a connection thread: {e}");
-                services.live.fetch_sub(1, Ordering::SeqCst);
-                lock(&services.streams).retain(|(id, _)| *id != conn_id);
+                // The closure, with the stream and the ticket, is gone with the error.
+                if let Some(n) = services.accept_failures.check() {
+                    log::warn!("cannot spawn a connection thread: {e}{}", and_more(n));
+                }
+                lock(&services.streams).remove(&conn_id);
+            }
+        }
+    }
+}
+
+/// Logs how a connection ended: once a connection per line after its Hello; before
+/// it, where anyone can make many, throttled (and not at all for one closed to make
+/// room, which the admission logged).
+fn log_end(conn: &ConnectionState, ticket: &Ticket, served: Result<(), String>, s: &Services) {
+    match served {
+        Ok(()) => log::debug!("connection {} from {} closed", conn.conn_id, conn.peer),
+        Err(why) if ticket.is_authenticated() => {
+            log::info!("closing connection from {}: {}", conn.peer, why)
+        }
+        Err(why) if ticket.was_evicted() => {
+            log::debug!("connection from {} closed to make room: {why}", conn.peer)
+        }
+        Err(why) => {
+            log::debug!(
+                "closing connection from {} before its Hello: {why}",
+                conn.peer
+            );
+            if let Some(n) = s.pre_hello_closes.check() {
+                log::info!(
+                    "closing connection from {} before its Hello: {why}{}",
+                    conn.peer,
+                    and_more(n)
+                );
             }
         }
     }
@@ -198,42 +289,90 @@ fn access_status(e: AccessError) -> u8 {
     }
 }
 
-/// Reads the parts of one frame, with [`FRAME_TIMEOUT`] armed on the socket only
-/// while a frame is incomplete (arming costs a syscall, so it happens only when the
-/// buffered bytes run out mid-frame).
-struct FrameReader {
-    r: BufReader<TcpStream>,
-    armed: bool,
+/// Reads the parts of one frame, each frame whole within its deadline, and the
+/// first frames within the Hello's.
+///
+/// Waiting mid-frame is done with poll(2) against the deadline, never with a socket
+/// timeout (which restarts with every read, so that a byte now and then would hold
+/// the connection for ever), and only when the buffered bytes run out mid-frame: a
+/// frame that is there whole costs no clock reading and no extra syscall.
+struct FrameReader<'a> {
+    r: BufReader<&'a TcpStream>,
     /// How long to poll for the next request before sleeping.
-    poll: std::time::Duration,
+    poll: Duration,
+    frame_timeout: Duration,
+    /// When the frame being read must be whole: set when the frame first has to be
+    /// waited for (so, give or take the microseconds this server spent on its first
+    /// bytes, from its first byte), cleared at the next frame.
+    frame_deadline: Option<Instant>,
+    /// Until the Hello is done: when it must be.
+    hello_deadline: Option<Instant>,
+    hello_timeout: Duration,
 }
 
-impl FrameReader {
-    fn set_armed(&mut self, armed: bool) -> Result<(), String> {
-        if self.armed != armed {
-            let t = armed.then_some(FRAME_TIMEOUT);
-            self.r
-                .get_ref()
-                .set_read_timeout(t)
-                .map_err(|e| format!("setting the read timeout: {e}"))?;
-            self.armed = armed;
-        }
-        Ok(())
-    }
-
-    /// Waits, without a deadline, for the first byte of the next frame.
-    /// Ok(false) on a clean end of stream.
+impl FrameReader<'_> {
+    /// Waits for the first byte of the next frame: without a deadline once the
+    /// Hello is done, until the Hello's deadline before. Ok(false) on a clean end of
+    /// stream.
     fn next_frame(&mut self) -> Result<bool, String> {
-        if self.r.buffer().is_empty() {
-            self.set_armed(false)?;
-            // A client that just got its completion often sends its next request
-            // at once: poll a while before sleeping (see `direct::poll_readable`).
-            direct::poll_readable(self.r.get_ref().as_fd(), self.poll, &POLLERS);
+        self.frame_deadline = None;
+        let fd = self.r.get_ref().as_fd();
+        match self.hello_deadline {
+            // A client that just got its completion often sends its next request at
+            // once: poll a while before sleeping (see `direct::poll_readable`).
+            None if self.r.buffer().is_empty() => {
+                direct::poll_readable(fd, self.poll, &POLLERS);
+            }
+            None => {}
+            // Checked at every frame, not only when the buffer runs dry: requests
+            // that keep coming must not keep a connection past its Hello's deadline.
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero()
+                    || self.r.buffer().is_empty()
+                        && !direct::wait_readable(fd, left)
+                            .map_err(|e| format!("waiting for the Hello: {e}"))?
+                {
+                    return Err(self.hello_late());
+                }
+            }
         }
         match self.r.fill_buf() {
             Ok(b) => Ok(!b.is_empty()),
             Err(e) => Err(format!("read failed: {e}")),
         }
+    }
+
+    fn hello_late(&self) -> String {
+        format!("no Hello within {:?} of connecting", self.hello_timeout)
+    }
+
+    /// Waits until more of a frame already begun can be read, within the frame's
+    /// deadline (and the Hello's, before it is done).
+    fn wait_rest(&mut self, what: &str) -> Result<(), String> {
+        let now = Instant::now();
+        let frame_end = *self
+            .frame_deadline
+            .get_or_insert_with(|| now + self.frame_timeout);
+        let (end, hello_first) = match self.hello_deadline {
+            Some(hello_end) if hello_end < frame_end => (hello_end, true),
+            _ => (frame_end, false),
+        };
+        let left = end.saturating_duration_since(now);
+        if !left.is_zero()
+            && direct::wait_readable(self.r.get_ref().as_fd(), left)
+                .map_err(|e| format!("truncated {what}: {e}"))?
+        {
+            return Ok(());
+        }
+        Err(if hello_first {
+            self.hello_late()
+        } else {
+            format!(
+                "{what} not whole within {:?} of its start",
+                self.frame_timeout
+            )
+        })
     }
 
     /// Reads and discards `len` bytes of a frame already begun, without buffering
@@ -244,15 +383,19 @@ impl FrameReader {
 
     /// Reads bytes of a frame already begun; they must come within the deadline.
     fn rest(&mut self, buf: &mut [u8], what: &str) -> Result<(), String> {
-        if self.r.buffer().len() < buf.len() {
-            self.set_armed(true)?;
-        }
-        self.r.read_exact(buf).map_err(|e| match e.kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-                format!("{what} stalled for {FRAME_TIMEOUT:?}")
+        let mut got = 0;
+        while got < buf.len() {
+            if self.r.buffer().is_empty() {
+                self.wait_rest(what)?;
             }
-            _ => format!("truncated {what}: {e}"),
-        })
+            match self.r.read(&mut buf[got..]) {
+                Ok(0) => return Err(format!("truncated {what}: the connection closed")),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("truncated {what}: {e}")),
+            }
+        }
+        Ok(())
     }
 
     /// Moves up to `len` bytes of a frame already begun to `dst` without waiting:
@@ -307,11 +450,8 @@ impl FrameReader {
             if done == len {
                 return Ok(STATUS_OK);
             }
-            if n == 0
-                && !direct::wait_readable(self.r.get_ref().as_fd(), FRAME_TIMEOUT)
-                    .map_err(truncated)?
-            {
-                return Err(format!("WRITE payload stalled for {FRAME_TIMEOUT:?}"));
+            if n == 0 {
+                self.wait_rest("WRITE payload")?;
             }
         }
     }
@@ -320,22 +460,38 @@ impl FrameReader {
 /// Completions on their way to the client. Small ones gather in `pending` and go
 /// out together; a large READ payload goes from registered memory straight to the
 /// socket.
-struct Outbox {
-    stream: TcpStream,
+struct Outbox<'a> {
+    stream: &'a TcpStream,
     pending: Vec<u8>,
     /// The part of a READ payload the socket did not take at once.
     spill: Vec<u8>,
+    /// Until the Hello is done: when it must be. A client that does not read its
+    /// completions must not hold the connection past it by filling the socket.
+    hello_deadline: Option<Instant>,
 }
 
-impl Outbox {
+impl Outbox<'_> {
     fn flush(&mut self) -> Result<(), String> {
         if !self.pending.is_empty() {
-            self.stream
-                .write_all(&self.pending)
-                .map_err(|e| format!("write failed: {e}"))?;
+            match self.hello_deadline {
+                None => {
+                    let mut w = self.stream;
+                    w.write_all(&self.pending)
+                        .map_err(|e| format!("write failed: {e}"))?;
+                }
+                Some(deadline) => write_all_by(self.stream, &self.pending, deadline)?,
+            }
             self.pending.clear();
         }
         Ok(())
+    }
+
+    /// The Hello is done: writes wait for the client as long as it takes again.
+    fn hello_done(&mut self) -> Result<(), String> {
+        self.hello_deadline = None;
+        self.stream
+            .set_write_timeout(None)
+            .map_err(|e| format!("clearing the write timeout: {e}"))
     }
 
     /// Queues a completion with a small payload.
@@ -411,26 +567,65 @@ impl Outbox {
         // `spill` holds exactly the payload's unsent part, so it counts as unsent.
         let sent_head = sent.min(self.pending.len() + header.len());
         let mut rest = direct::after(&[&self.pending, &header, &self.spill], sent_head);
-        write_all_vectored(&mut &self.stream, &mut rest)
-            .map_err(|e| format!("write failed: {e}"))?;
+        let mut w = self.stream;
+        write_all_vectored(&mut w, &mut rest).map_err(|e| format!("write failed: {e}"))?;
         self.pending.clear();
         Ok(())
     }
 }
 
+/// Writes all of `bytes` by `deadline` (each write's socket timeout is what is left).
+fn write_all_by(stream: &TcpStream, bytes: &[u8], deadline: Instant) -> Result<(), String> {
+    let mut w = stream;
+    let mut done = 0;
+    while done < bytes.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err("the Hello's deadline passed with replies unsent".into());
+        }
+        w.set_write_timeout(Some(left))
+            .map_err(|e| format!("setting the write timeout: {e}"))?;
+        match w.write(&bytes[done..]) {
+            Ok(0) => return Err("write failed: the connection closed".into()),
+            Ok(n) => done += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(format!("write failed: {e}")),
+        }
+    }
+    Ok(())
+}
+
 /// Serves one connection until it closes (Ok) or misbehaves (Err with the reason).
-fn serve(stream: TcpStream, conn: &mut ConnectionState, s: &Services) -> Result<(), String> {
+/// `ticket` is its slot, moved from the pending connections to the authenticated
+/// ones once the control handler has set its client.
+fn serve(
+    stream: TcpStream,
+    conn: &mut ConnectionState,
+    s: &Services,
+    ticket: &mut Ticket,
+    accepted: Instant,
+) -> Result<(), String> {
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
-    let write_half = stream.try_clone().map_err(|e| e.to_string())?;
+    let hello_deadline = Some(accepted + s.limits.hello_timeout);
     let mut r = FrameReader {
-        r: BufReader::with_capacity(STREAM_BUFFER, stream),
-        armed: false,
+        r: BufReader::with_capacity(STREAM_BUFFER, &stream),
         poll: s.poll,
+        frame_timeout: s.limits.frame_timeout,
+        frame_deadline: None,
+        hello_deadline,
+        hello_timeout: s.limits.hello_timeout,
     };
     let mut out = Outbox {
-        stream: write_half,
+        stream: &stream,
         pending: Vec::with_capacity(STREAM_BUFFER),
         spill: Vec::new(),
+        hello_deadline,
     };
     let mut buf: Vec<u8> = Vec::new();
     let mut header = [0u8; REQUEST_HEADER_LEN];
@@ -486,6 +681,15 @@ fn serve(stream: TcpStream, conn: &mut ConnectionState, s: &Services) -> Result<
                 buf.resize(len, 0);
                 r.rest(&mut buf[..len], "control frame")?;
                 let reply = s.control.handle(conn, &buf[..len]);
+                if conn.client.is_some() && !ticket.is_authenticated() {
+                    // Refused when the authenticated connections are at their cap
+                    // (logged there): closed without its Welcome.
+                    ticket
+                        .authenticate()
+                        .map_err(|e| format!("refused after its Hello: {e}"))?;
+                    r.hello_deadline = None;
+                    out.hello_done()?;
+                }
                 out.complete(h.wr_id, STATUS_OK, &reply.frame)?;
                 if reply.close {
                     let _ = out.flush();

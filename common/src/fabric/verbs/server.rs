@@ -14,22 +14,43 @@
 //! - One thread reads rdma_cm events (connect requests, disconnects); each connection
 //!   has a thread sleeping on its completion channel that answers control frames
 //!   with the [`ControlHandler`], one at a time.
+//! - Connections are capped as over tcp ([`ConnectionLimits`], [`crate::admission`]):
+//!   the ones that have not completed their Hello in all and per address (the oldest
+//!   closed to make room), the others apart; a connection has
+//!   [`ConnectionLimits::hello_timeout`] from accept to complete its Hello.
+//!
+//! What a connection costs before its Hello, and why it is not deferred: rdma_cm
+//! must answer a connection request with a queue pair, and a queue pair is created
+//! in its protection domain for good, with its completion queue, and cannot take a
+//! SEND (the Hello itself) without receive buffers posted in a registered region.
+//! So the PD (the one the request names, shared with the client's other
+//! connections), a CQ with its completion channel, the QP and 9 KiB of message
+//! buffers come with the accept; what is cheap to check (the private data's magic,
+//! the caps) is checked first, and the caps bound the rest: at most
+//! [`ConnectionLimits::pending`] connections hold them before their Hello, for at
+//! most the Hello deadline each, and a connection past its cap is rejected before
+//! anything is allocated. The thread could be deferred only by serving every
+//! pre-Hello connection from one thread; its stack is virtual memory mostly, and the
+//! same caps bound it. None of it grants remote access: the QP gets that only once
+//! the Hello has succeeded.
 
 use super::messages::{Messages, RECV_DEPTH, RECV_TAG, SEND_TAG};
 use super::sys::*;
 use super::PRIVATE_MAGIC;
-use crate::fabric::tcp::server::MAX_CONNECTIONS;
+use crate::admission::{Admission, Ticket};
 use crate::fabric::{
-    ConnectionState, ControlHandler, FabricError, Listener, MemoryRegistry, Server,
+    ConnectionLimits, ConnectionState, ControlHandler, FabricError, Listener, MemoryRegistry,
+    Server, PENDING_MEANS,
 };
 use crate::sync::lock;
+use crate::throttle::{and_more, Throttle, LOG_EVERY};
 use rdma_sys::*;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Send-queue depth of a memnode's connection: it only ever SENDs replies, one at a
 /// time.
@@ -102,11 +123,13 @@ pub struct VerbsListener {
     channel: EventChannel,
     addr: SocketAddr,
     registry: Arc<VerbsRegistry>,
+    limits: ConnectionLimits,
 }
 
 impl VerbsListener {
-    /// Binds rdma_cm to `listen` ("host:port"; port 0 picks a free port).
-    pub fn bind(listen: &str) -> Result<Box<dyn Listener>, FabricError> {
+    /// Binds rdma_cm to `listen` ("host:port"; port 0 picks a free port); its
+    /// connections will be capped and timed by `limits`.
+    pub fn bind(listen: &str, limits: ConnectionLimits) -> Result<Box<dyn Listener>, FabricError> {
         super::first_device_name()?;
         let err = |why: String| FabricError::Local(format!("cannot listen on {listen}: {why}"));
         let addr = resolve(listen).map_err(err)?;
@@ -129,6 +152,7 @@ impl VerbsListener {
             channel,
             addr,
             registry: Arc::new(VerbsRegistry::default()),
+            limits,
         }))
     }
 }
@@ -147,14 +171,23 @@ impl Listener for VerbsListener {
         control: Arc<dyn ControlHandler>,
     ) -> std::io::Result<Box<dyn Server>> {
         let addr = self.addr;
+        let caps = self.limits.caps();
+        // A connection holds its completion channel's descriptor.
+        crate::fdlimit::ensure(
+            caps.ceiling() + 256,
+            &format!("up to {} verbs connections", caps.ceiling()),
+        );
         let shared = Arc::new(Shared {
             control,
             registry: self.registry.clone(),
+            limits: self.limits,
+            admission: Admission::new(caps, "verbs fabric", PENDING_MEANS),
             stopping: AtomicBool::new(false),
             closing: Mutex::new(HashMap::new()),
             threads: Mutex::new(Vec::new()),
             next_conn_id: AtomicU64::new(1),
-            live: AtomicUsize::new(0),
+            pre_hello_closes: Throttle::new(LOG_EVERY),
+            refusals: Throttle::new(LOG_EVERY),
         });
         let s = shared.clone();
         let events = std::thread::Builder::new()
@@ -171,12 +204,19 @@ impl Listener for VerbsListener {
 struct Shared {
     control: Arc<dyn ControlHandler>,
     registry: Arc<VerbsRegistry>,
+    limits: ConnectionLimits,
+    /// The connection slots, before and after the Hello.
+    admission: Arc<Admission>,
     stopping: AtomicBool,
     /// Live connections by cm id: the flag that tells its thread to close.
     closing: Mutex<HashMap<usize, Arc<AtomicBool>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     next_conn_id: AtomicU64,
-    live: AtomicUsize,
+    /// Connections closed before their Hello for what they did (or did not do):
+    /// anyone can make many, so their lines are throttled.
+    pre_hello_closes: Throttle,
+    /// Connection requests refused before anything was allocated.
+    refusals: Throttle,
 }
 
 /// A serving verbs memnode endpoint.
@@ -221,7 +261,9 @@ fn event_loop(listener: VerbsListener, s: &Arc<Shared>) {
                 // The new id is ours from here on: accepted, or rejected and destroyed.
                 let id = CmId(ev.id);
                 if let Err(why) = accept(id, &ev, s) {
-                    log::info!("refused a verbs connection: {why}");
+                    if let Some(n) = s.refusals.check() {
+                        log::info!("refused a verbs connection: {why}{}", and_more(n));
+                    }
                 }
             }
             rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED
@@ -245,8 +287,9 @@ fn event_loop(listener: VerbsListener, s: &Arc<Shared>) {
     drop(listener);
 }
 
-/// The peer's address of a connection id, for logs.
-fn peer_of(id: &CmId) -> String {
+/// The peer's address of a connection id: Err(a description) for an address family
+/// other than IPv4 and IPv6.
+fn peer_of(id: &CmId) -> Result<SocketAddr, String> {
     // SAFETY: valid id; rdma_get_peer_addr returns a reference into it, read here
     // according to its family.
     unsafe {
@@ -255,14 +298,14 @@ fn peer_of(id: &CmId) -> String {
             libc::AF_INET => {
                 let sin = &*(sa as *const libc::sockaddr_in);
                 let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-                format!("{ip}:{}", u16::from_be(sin.sin_port))
+                Ok(SocketAddr::new(ip.into(), u16::from_be(sin.sin_port)))
             }
             libc::AF_INET6 => {
                 let sin6 = &*(sa as *const libc::sockaddr_in6);
                 let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-                format!("[{ip}]:{}", u16::from_be(sin6.sin6_port))
+                Ok(SocketAddr::new(ip.into(), u16::from_be(sin6.sin6_port)))
             }
-            f => format!("(address family {f})"),
+            f => Err(format!("(address family {f})")),
         }
     }
 }
@@ -286,16 +329,25 @@ fn reject(id: &CmId, why: &str) -> String {
 }
 
 fn accept(id: CmId, ev: &CmEvent, s: &Arc<Shared>) -> Result<(), String> {
-    let peer = peer_of(&id);
+    let accepted = Instant::now();
+    let peer_addr = match peer_of(&id) {
+        Ok(a) => a,
+        Err(family) => return Err(reject(&id, &format!("a peer of {family}"))),
+    };
+    let peer = peer_addr.to_string();
     if ev.private.len() < 12 || &ev.private[..4] != PRIVATE_MAGIC {
         return Err(reject(&id, &format!("{peer} is not an rmemfs client")));
     }
-    if s.live.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
-        return Err(reject(
-            &id,
-            &format!("{MAX_CONNECTIONS} connections already open"),
-        ));
-    }
+    // Capped before anything is allocated for it (refusals are logged there).
+    let closing = Arc::new(AtomicBool::new(false));
+    let flag = closing.clone();
+    let ticket = match s.admission.admit(
+        peer_addr.ip(),
+        Box::new(move || flag.store(true, Ordering::SeqCst)),
+    ) {
+        Ok(t) => t,
+        Err(e) => return Err(reject(&id, &format!("{peer}: {e}"))),
+    };
     let mut client_bytes = [0u8; 8];
     client_bytes.copy_from_slice(&ev.private[4..12]);
     let client = u64::from_le_bytes(client_bytes);
@@ -346,25 +398,30 @@ fn accept(id: CmId, ev: &CmEvent, s: &Arc<Shared>) -> Result<(), String> {
     };
 
     let conn_id = s.next_conn_id.fetch_add(1, Ordering::Relaxed);
-    let closing = Arc::new(AtomicBool::new(false));
     let key = conn.id.0 as usize;
     lock(&s.closing).insert(key, closing.clone());
-    s.live.fetch_add(1, Ordering::SeqCst);
     let sh = s.clone();
     let spawned = std::thread::Builder::new()
         .name(format!("verbs-conn {peer}"))
         .spawn(move || {
+            let mut ticket = ticket;
             let mut state = ConnectionState::new(conn_id, peer);
-            match serve(&mut conn, &mut state, &closing, &sh) {
-                Ok(()) => log::debug!("verbs connection from {} closed", state.peer),
-                Err(why) => log::info!("closing verbs connection from {}: {why}", state.peer),
-            }
+            let hello_deadline = accepted + sh.limits.hello_timeout;
+            let served = serve(
+                &mut conn,
+                &mut state,
+                &closing,
+                &sh,
+                &mut ticket,
+                hello_deadline,
+            );
+            log_end(&state, &ticket, served, &sh);
             // SAFETY: valid id; tells the client at once (harmless if it already left).
             unsafe { rdma_disconnect(conn.id.0) };
             sh.control.disconnected(&state);
             lock(&sh.closing).remove(&key);
-            sh.live.fetch_sub(1, Ordering::SeqCst);
             drop(conn);
+            drop(ticket);
         });
     match spawned {
         Ok(t) => {
@@ -374,19 +431,54 @@ fn accept(id: CmId, ev: &CmEvent, s: &Arc<Shared>) -> Result<(), String> {
             Ok(())
         }
         Err(e) => {
+            // The closure, with the connection and its ticket, is gone with the error.
             lock(&s.closing).remove(&key);
-            s.live.fetch_sub(1, Ordering::SeqCst);
             Err(format!("cannot spawn a connection thread: {e}"))
         }
     }
 }
 
+/// Logs how a connection ended: a line per connection after its Hello; before it,
+/// where anyone can make many, throttled (and none for one closed to make room,
+/// which the admission logged).
+fn log_end(state: &ConnectionState, ticket: &Ticket, served: Result<(), String>, s: &Shared) {
+    match served {
+        Ok(()) => log::debug!("verbs connection from {} closed", state.peer),
+        Err(why) if ticket.is_authenticated() => {
+            log::info!("closing verbs connection from {}: {why}", state.peer)
+        }
+        Err(why) if ticket.was_evicted() => {
+            log::debug!(
+                "verbs connection from {} closed to make room: {why}",
+                state.peer
+            )
+        }
+        Err(why) => {
+            log::debug!(
+                "closing verbs connection from {} before its Hello: {why}",
+                state.peer
+            );
+            if let Some(n) = s.pre_hello_closes.check() {
+                log::info!(
+                    "closing verbs connection from {} before its Hello: {why}{}",
+                    state.peer,
+                    and_more(n)
+                );
+            }
+        }
+    }
+}
+
 /// Answers control frames until the connection closes (Ok) or fails (Err with why).
+/// `ticket` is its slot, moved from the pending connections to the authenticated
+/// ones at the Hello, which must be done by `hello_deadline`.
 fn serve(
     conn: &mut ServerConn,
     state: &mut ConnectionState,
     closing: &AtomicBool,
     s: &Shared,
+    ticket: &mut Ticket,
+    hello_deadline: Instant,
 ) -> Result<(), String> {
     let mut wcs = Vec::new();
     // Received frames not yet answered (a client may send before our previous
@@ -398,6 +490,13 @@ fn serve(
     loop {
         if closing.load(Ordering::SeqCst) || s.stopping.load(Ordering::SeqCst) {
             return Ok(());
+        }
+        // Checked every tick at most: the wait below is a tick long.
+        if !authenticated && Instant::now() >= hello_deadline {
+            return Err(format!(
+                "no Hello within {:?} of connecting",
+                s.limits.hello_timeout
+            ));
         }
         conn.cq.wait(&mut wcs, TICK).map_err(|e| e.to_string())?;
         for wc in &wcs {
@@ -434,6 +533,12 @@ fn serve(
                     ));
                 }
                 Some(_) if !authenticated => {
+                    // Refused when the authenticated connections are at their cap
+                    // (logged there): closed without its Welcome, before any remote
+                    // access is granted.
+                    ticket
+                        .authenticate()
+                        .map_err(|e| format!("refused after its Hello: {e}"))?;
                     conn.qp.grant_remote_access().map_err(|e| e.to_string())?;
                     authenticated = true;
                 }

@@ -29,6 +29,7 @@ fn start_node(listen: &str) -> memnode::Memnode {
         lease: memnode::DEFAULT_LEASE,
         session_grace: memnode::DEFAULT_SESSION_GRACE,
         memory_file: None,
+        connections: rmemfs_common::fabric::ConnectionLimits::default(),
     })
     .expect("memnode starts")
 }

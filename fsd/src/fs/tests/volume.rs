@@ -29,6 +29,7 @@ fn memnode_of(size: u64) -> memnode::Memnode {
         // crashes expect; the session tests are in memnode and tests/.
         session_grace: Duration::ZERO,
         memory_file: None,
+        connections: rmemfs_common::fabric::ConnectionLimits::default(),
     })
     .expect("memnode starts")
 }
