@@ -437,17 +437,17 @@ const CASES: &[Case] = &[
             "an oversized READ must be refused"
         );
     }),
-    ("a control frame in protocol version 2", |addr, _| {
+    ("a control frame in protocol version 1", |addr, _| {
         let mut s = raw(addr);
         let mut frame = Request::Stat.encode();
-        frame[0..2].copy_from_slice(&2u16.to_le_bytes());
+        frame[0..2].copy_from_slice(&1u16.to_le_bytes());
         send(&mut s, &send_frame(&frame));
-        expect_error_reply_and_close(&mut s, ErrorCode::VersionMismatch, "protocol version 2");
+        expect_error_reply_and_close(&mut s, ErrorCode::VersionMismatch, "protocol version 1");
     }),
     ("a control frame of garbage", |addr, p| {
         let mut s = raw(addr);
         let mut frame = garbage(p, 40);
-        frame[0..2].copy_from_slice(&1u16.to_le_bytes());
+        frame[0..2].copy_from_slice(&rmemfs_common::protocol::PROTOCOL_VERSION.to_le_bytes());
         send(&mut s, &send_frame(&frame));
         expect_error_reply_and_close(&mut s, ErrorCode::BadRequest, "a control frame of garbage");
     }),
