@@ -23,7 +23,10 @@
 #                     integrity (page checksums, read repair and scrubbing over verbs) and
 #                     wireguard (memnode and fsd over a WireGuard tunnel between two
 #                     network namespaces, over tcp whatever the transport: the host's
-#                     kernel has no WireGuard, the guest's has; about 20 s);
+#                     kernel has no WireGuard, the guest's has; about 20 s), the
+#                     handshake over verbs (authentication: a second token holder
+#                     cannot act as a volume's holder nor use its rkeys) and a tenant's
+#                     quota over verbs (tenants: ENOSPC while another tenant writes);
 #                     the 10,000-file tree and fsx of volumes take 390 s and 215 s in the guest,
 #                     so they run there only when named). NAME:FILTER runs only the tests of binary
 #                     NAME whose names contain FILTER.
@@ -54,7 +57,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/lib.sh"
 
 transport=verbs
-tests=round_trip,full_remote_memory,posix,remote_memory_reclaim,remote_traffic:moves_4k_per_request,replication:two_replicas_survive,replication:one_replica_losing,transient_faults:stalled,transient_faults:not_rolled_back,transient_faults:memory_file,fabricbench,volumes:second_fsd_is_refused_and_takeover_fences,volumes:rmemfs_volume_list_and_destroy,volumes_damage,integrity,wireguard
+tests=round_trip,full_remote_memory,posix,remote_memory_reclaim,remote_traffic:moves_4k_per_request,replication:two_replicas_survive,replication:one_replica_losing,transient_faults:stalled,transient_faults:not_rolled_back,transient_faults:memory_file,fabricbench,volumes:second_fsd_is_refused_and_takeover_fences,volumes:rmemfs_volume_list_and_destroy,volumes_damage,integrity,wireguard,authentication:second_token_holder,tenants:quota
 timeout_s=1200
 mem=2048
 smp=2
