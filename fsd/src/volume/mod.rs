@@ -137,13 +137,15 @@ mod logged;
 mod mount;
 pub mod quorum;
 mod room;
+mod source;
 
 pub use commit::LOG_BYTES;
-pub use load::{Loaded, VolumeError};
+pub use load::{load, Loaded, VolumeError};
 pub use logged::{BlockEncoder, Logged};
 pub use mount::MountReport;
 pub use quorum::MountPolicy;
 pub use room::{block_record_bound, checkpoint_room, room_slack};
+pub use source::VolumeSource;
 
 use crate::remote::{BlockLoc, RemoteStore};
 use journal::Journal;
