@@ -1,5 +1,6 @@
 use super::*;
 use proptest::prelude::*;
+use rmemfs_common::protocol::Response;
 use std::collections::BTreeMap;
 
 const CAP: u64 = 1 << 30;
@@ -188,4 +189,216 @@ proptest! {
         let capacity = at - base * page;
         prop_assert_eq!(check_chunk_list("VolumeChunks", capacity.max(1), None, &list), Ok(()));
     }
+}
+
+/// A memnode in this process that rewrites its replies with `lie` while one is set
+/// (never its Welcome: the handshake is not what these tests are about).
+mod liar {
+    use crate::remote::{Connector, RemoteConfig, RemoteStore, VolumeSpec};
+    use rmemfs_common::fabric::tcp::TcpEndpoint;
+    use rmemfs_common::fabric::{ConnectionState, ControlHandler, ControlReply, Endpoint};
+    use rmemfs_common::protocol::Response;
+    use rmemfs_common::sync::lock;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    pub type Lie = fn(Response) -> Response;
+
+    struct Liar {
+        inner: Arc<dyn ControlHandler>,
+        lie: Arc<Mutex<Option<Lie>>>,
+    }
+
+    impl ControlHandler for Liar {
+        fn handle(&self, conn: &mut ConnectionState, frame: &[u8]) -> ControlReply {
+            let mut reply = self.inner.handle(conn, frame);
+            if let (Some(lie), Ok(r)) = (*lock(&self.lie), Response::decode(&reply.frame)) {
+                if !matches!(r, Response::Welcome { .. }) {
+                    reply.frame = lie(r).encode();
+                }
+            }
+            reply
+        }
+
+        fn disconnected(&self, conn: &ConnectionState) {
+            self.inner.disconnected(conn)
+        }
+    }
+
+    pub struct Rig {
+        pub node: memnode::Memnode,
+        pub lie: Arc<Mutex<Option<Lie>>>,
+    }
+
+    impl Rig {
+        pub fn start() -> Rig {
+            let lie = Arc::new(Mutex::new(None));
+            let told = lie.clone();
+            let node = memnode::Memnode::start_wrapped(
+                memnode::MemnodeConfig {
+                    listen: "127.0.0.1:0".into(),
+                    size: 64 << 20,
+                    token: None,
+                    huge_pages: false,
+                    transport: rmemfs_common::fabric::Transport::Tcp,
+                    poll: Duration::ZERO,
+                    lease: memnode::DEFAULT_LEASE,
+                    session_grace: memnode::DEFAULT_SESSION_GRACE,
+                    memory_file: None,
+                },
+                move |inner| Arc::new(Liar { inner, lie: told }),
+            )
+            .expect("memnode starts");
+            Rig { node, lie }
+        }
+
+        pub fn tell(&self, lie: Option<Lie>) {
+            *lock(&self.lie) = lie;
+        }
+
+        /// fsd's store on this memnode, holding volume "v" (created).
+        pub fn connect(&self) -> Result<RemoteStore, crate::remote::RemoteError> {
+            let connect: Arc<Connector> = Arc::new(|peer: &str, _client: u64| {
+                Ok(
+                    Box::new(TcpEndpoint::connect(peer, Duration::from_secs(5))?)
+                        as Box<dyn Endpoint>,
+                )
+            });
+            RemoteStore::connect(
+                &[self.node.local_addr().to_string()],
+                &RemoteConfig {
+                    block_size: 64 << 10,
+                    chunk_size: 1 << 20,
+                    connections: 1,
+                    client_id: rmemfs_common::control::random_id(),
+                    token: Vec::new(),
+                    replicas: 1,
+                    watch_interval: Duration::from_millis(50),
+                    dead_time: Duration::from_secs(600),
+                    unreachable_timeout: Some(Duration::from_millis(300)),
+                    volume: Some(VolumeSpec {
+                        name: "v".into(),
+                        create: true,
+                        takeover: false,
+                    }),
+                },
+                connect,
+            )
+        }
+    }
+}
+
+fn untrusted(e: &RemoteError, says: &str) -> bool {
+    matches!(e, RemoteError::Untrusted { what, .. } if what.contains(says))
+}
+
+#[test]
+fn a_volume_root_that_cannot_be_refuses_the_connection_naming_it() {
+    let rig = liar::Rig::start();
+    rig.tell(Some(|r| match r {
+        Response::VolumeOpened(mut info) => {
+            info.root.len = u64::MAX;
+            Response::VolumeOpened(info)
+        }
+        r => r,
+    }));
+    let e = rig.connect().err().expect("refused");
+    assert!(untrusted(&e, "VolumeOpened root"), "{e}");
+    let said = e.to_string();
+    assert!(
+        said.contains(&rig.node.local_addr().to_string()) && said.contains(&u64::MAX.to_string()),
+        "the memnode and the value are named: {said}"
+    );
+    // The same memnode telling the truth is used.
+    rig.tell(None);
+    rig.connect().expect("an honest root is taken");
+}
+
+#[test]
+fn a_lying_reply_after_mount_is_an_error_of_that_node_which_is_then_reconnected() {
+    let rig = liar::Rig::start();
+    let remote = rig.connect().expect("connects");
+    let unreachable = || remote.node_events(0).expect("node 0").0;
+    // The watch thread reconnects a node dropped for a lie (every 50 ms here).
+    let back = || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !remote.node_is_up(0) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the node was not reconnected"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+    // Allocated: an empty chunk, then one that wraps.
+    rig.tell(Some(|r| match r {
+        Response::Allocated(mut a) => {
+            a.len = 0;
+            Response::Allocated(a)
+        }
+        r => r,
+    }));
+    let e = remote.alloc_chunk(0, 4096).expect_err("an empty chunk");
+    assert!(untrusted(&e, "length 0"), "{e}");
+    assert!(remote.alloc_block(4096).is_err(), "no block from a liar");
+    assert!(
+        unreachable() >= 1,
+        "the node that lied is dropped as failed"
+    );
+    rig.tell(Some(|r| match r {
+        Response::Allocated(mut a) => {
+            a.addr = u64::MAX - 4095;
+            Response::Allocated(a)
+        }
+        r => r,
+    }));
+    back();
+    let e = remote.alloc_chunk(0, 4096).err();
+    assert!(e.as_ref().is_some_and(|e| untrusted(e, "wraps")), "{e:?}");
+    // VolumeChunks: a chunk that wraps.
+    rig.tell(None);
+    back();
+    let c = remote
+        .alloc_chunk(0, 4096)
+        .expect("the node is back and honest");
+    rig.tell(Some(|r| match r {
+        Response::ChunkList { mut chunks, more } => {
+            chunks.push(Allocation {
+                addr: u64::MAX - 4095,
+                len: 8192,
+                rkey: 1,
+            });
+            Response::ChunkList { chunks, more }
+        }
+        r => r,
+    }));
+    let e = remote.volume_chunks(0).expect_err("a wrapping chunk");
+    assert!(untrusted(&e, "VolumeChunks"), "{e}");
+    rig.tell(None);
+    back();
+    let root = remote.volume_root(0).expect("root");
+    // (The chunks of the refused replies are there too: the memnode did allocate
+    // them, and fsd, not believing where, leaves them to the next mount's reclaim.)
+    let listed = remote.volume_chunks(0).expect("an honest list");
+    assert!(listed.contains(&c), "{listed:?}");
+    // Stats: more used than there is, found by the heartbeat.
+    let before = unreachable();
+    rig.tell(Some(|r| match r {
+        Response::Stats(mut s) => {
+            s.used = s.capacity + 1;
+            Response::Stats(s)
+        }
+        r => r,
+    }));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while unreachable() == before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the heartbeat believed it"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    rig.tell(None);
+    back();
+    assert_eq!(remote.volume_root(0).map(|r| r.addr), Some(root.addr));
 }
