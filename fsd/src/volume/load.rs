@@ -594,3 +594,7 @@ impl Loaded {
         })
     }
 }
+
+#[cfg(test)]
+#[path = "load_tests.rs"]
+mod tests;

@@ -134,6 +134,8 @@ pub mod image;
 pub mod journal;
 mod load;
 mod logged;
+#[cfg(any(test, feature = "test-support"))]
+pub mod memory;
 mod mount;
 pub mod quorum;
 mod room;
