@@ -25,6 +25,8 @@
 mod allocator;
 mod control;
 mod counters;
+#[cfg(feature = "test-support")]
+pub mod liar;
 mod memfile;
 mod metrics;
 mod pool;
@@ -142,7 +144,7 @@ impl Memnode {
 
     /// As [`Memnode::start`], serving control frames through what `wrap` makes of
     /// the control service: a test's memnode that tells its clients what cannot be
-    /// (`tests/tests/hostile_memnode.rs`).
+    /// (`liar.rs`).
     pub fn start_wrapped(
         cfg: MemnodeConfig,
         wrap: impl FnOnce(Arc<dyn ControlHandler>) -> Arc<dyn ControlHandler>,

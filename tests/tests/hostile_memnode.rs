@@ -2,10 +2,9 @@
 //! non-zero status (not a signal), its stderr names the memnode and what it said that
 //! cannot be, and nothing panicked.
 //!
-//! The liar is a memnode in this process (the `memnode` library) whose control
-//! service is wrapped: while a lie is set, each reply frame is decoded and rewritten
-//! by it (never the Welcome: the handshake is not what this test is about). The
-//! lies: a VolumeChunks list with a chunk that wraps past the end of the address
+//! The liar is a memnode in this process (`memnode::liar`) whose control service is
+//! wrapped: while a lie is set, each reply frame is decoded and rewritten by it
+//! (never the Welcome: the handshake is not what this test is about). The lies: a VolumeChunks list with a chunk that wraps past the end of the address
 //! space, one with a chunk repeated, one with a chunk larger than the memnode; a
 //! VolumeOpened root of absurd length; an empty Allocated chunk. Last, with the
 //! memnode honest again, a superblock forged through a normal client (valid
@@ -15,68 +14,36 @@
 //! (what it says does not depend on the transport).
 
 use fsd::volume::format::{Superblock, SUPERBLOCK_SLOT};
+use memnode::liar::{Liar, Lie};
 use rmemfs_common::control;
 use rmemfs_common::fabric::tcp::TcpEndpoint;
-use rmemfs_common::fabric::{
-    ConnectionState, ControlHandler, ControlReply, Endpoint, RdmaOp, RemoteAddr, Transport,
-};
+use rmemfs_common::fabric::{Endpoint, RdmaOp, RemoteAddr, Transport};
 use rmemfs_common::protocol::{Allocation, Response};
-use rmemfs_common::sync::lock;
 use rmemfs_tests::{FsdMount, Refusal};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-/// What the liar does to a reply.
-type Lie = fn(Response) -> Response;
-
-struct Liar {
-    inner: Arc<dyn ControlHandler>,
-    lie: Arc<Mutex<Option<Lie>>>,
-}
-
-impl ControlHandler for Liar {
-    fn handle(&self, conn: &mut ConnectionState, frame: &[u8]) -> ControlReply {
-        let mut reply = self.inner.handle(conn, frame);
-        if let (Some(lie), Ok(r)) = (*lock(&self.lie), Response::decode(&reply.frame)) {
-            if !matches!(r, Response::Welcome { .. }) {
-                reply.frame = lie(r).encode();
-            }
-        }
-        reply
-    }
-
-    fn disconnected(&self, conn: &ConnectionState) {
-        self.inner.disconnected(conn)
-    }
-}
 
 struct Rig {
     node: memnode::Memnode,
-    lie: Arc<Mutex<Option<Lie>>>,
+    liar: Liar,
 }
 
 impl Rig {
     fn start() -> Rig {
-        let lie = Arc::new(Mutex::new(None));
-        let told = lie.clone();
-        let node = memnode::Memnode::start_wrapped(
-            memnode::MemnodeConfig {
-                listen: "127.0.0.1:0".into(),
-                size: 256 << 20,
-                token: None,
-                huge_pages: false,
-                transport: Transport::Tcp,
-                poll: Duration::ZERO,
-                // A refused fsd's hold on the volume ends with its connections, so
-                // the next case opens it at once.
-                lease: Duration::from_secs(1),
-                session_grace: Duration::ZERO,
-                memory_file: None,
-            },
-            move |inner| Arc::new(Liar { inner, lie: told }),
-        )
+        let (node, liar) = Liar::start(memnode::MemnodeConfig {
+            listen: "127.0.0.1:0".into(),
+            size: 256 << 20,
+            token: None,
+            huge_pages: false,
+            transport: Transport::Tcp,
+            poll: Duration::ZERO,
+            // A refused fsd's hold on the volume ends with its connections, so the
+            // next case opens it at once.
+            lease: Duration::from_secs(1),
+            session_grace: Duration::ZERO,
+            memory_file: None,
+        })
         .expect("the memnode starts");
-        Rig { node, lie }
+        Rig { node, liar }
     }
 
     fn addr(&self) -> String {
@@ -91,11 +58,11 @@ impl Rig {
 
     /// fsd mounting `volume` while the memnode tells `lie`: it must refuse.
     fn refused(&self, volume: &str, lie: Lie) -> Refusal {
-        *lock(&self.lie) = Some(lie);
+        self.liar.tell(Some(lie));
         let args = self.args(volume);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let refusal = FsdMount::refused_on(Transport::Tcp, &args);
-        *lock(&self.lie) = None;
+        self.liar.tell(None);
         refusal
     }
 }

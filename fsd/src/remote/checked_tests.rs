@@ -191,69 +191,39 @@ proptest! {
     }
 }
 
-/// A memnode in this process that rewrites its replies with `lie` while one is set
-/// (never its Welcome: the handshake is not what these tests are about).
+/// fsd's store on a memnode in this process that lies when told to.
 mod liar {
     use crate::remote::{Connector, RemoteConfig, RemoteStore, VolumeSpec};
+    use memnode::liar::{Liar, Lie};
     use rmemfs_common::fabric::tcp::TcpEndpoint;
-    use rmemfs_common::fabric::{ConnectionState, ControlHandler, ControlReply, Endpoint};
-    use rmemfs_common::protocol::Response;
-    use rmemfs_common::sync::lock;
-    use std::sync::{Arc, Mutex};
+    use rmemfs_common::fabric::Endpoint;
+    use std::sync::Arc;
     use std::time::Duration;
-
-    pub type Lie = fn(Response) -> Response;
-
-    struct Liar {
-        inner: Arc<dyn ControlHandler>,
-        lie: Arc<Mutex<Option<Lie>>>,
-    }
-
-    impl ControlHandler for Liar {
-        fn handle(&self, conn: &mut ConnectionState, frame: &[u8]) -> ControlReply {
-            let mut reply = self.inner.handle(conn, frame);
-            if let (Some(lie), Ok(r)) = (*lock(&self.lie), Response::decode(&reply.frame)) {
-                if !matches!(r, Response::Welcome { .. }) {
-                    reply.frame = lie(r).encode();
-                }
-            }
-            reply
-        }
-
-        fn disconnected(&self, conn: &ConnectionState) {
-            self.inner.disconnected(conn)
-        }
-    }
 
     pub struct Rig {
         pub node: memnode::Memnode,
-        pub lie: Arc<Mutex<Option<Lie>>>,
+        liar: Liar,
     }
 
     impl Rig {
         pub fn start() -> Rig {
-            let lie = Arc::new(Mutex::new(None));
-            let told = lie.clone();
-            let node = memnode::Memnode::start_wrapped(
-                memnode::MemnodeConfig {
-                    listen: "127.0.0.1:0".into(),
-                    size: 64 << 20,
-                    token: None,
-                    huge_pages: false,
-                    transport: rmemfs_common::fabric::Transport::Tcp,
-                    poll: Duration::ZERO,
-                    lease: memnode::DEFAULT_LEASE,
-                    session_grace: memnode::DEFAULT_SESSION_GRACE,
-                    memory_file: None,
-                },
-                move |inner| Arc::new(Liar { inner, lie: told }),
-            )
+            let (node, liar) = Liar::start(memnode::MemnodeConfig {
+                listen: "127.0.0.1:0".into(),
+                size: 64 << 20,
+                token: None,
+                huge_pages: false,
+                transport: rmemfs_common::fabric::Transport::Tcp,
+                poll: Duration::ZERO,
+                lease: memnode::DEFAULT_LEASE,
+                session_grace: memnode::DEFAULT_SESSION_GRACE,
+                memory_file: None,
+            })
             .expect("memnode starts");
-            Rig { node, lie }
+            Rig { node, liar }
         }
 
         pub fn tell(&self, lie: Option<Lie>) {
-            *lock(&self.lie) = lie;
+            self.liar.tell(lie);
         }
 
         /// fsd's store on this memnode, holding volume "v" (created).
