@@ -28,6 +28,8 @@
 mod allocator;
 mod control;
 mod counters;
+#[cfg(feature = "test-support")]
+pub mod liar;
 mod memfile;
 mod metrics;
 mod pool;
@@ -42,7 +44,7 @@ pub use memfile::{MemoryFileConfig, MemoryFileError};
 pub use metrics::{tenant_usage, MemnodeCollector, TenantUsage};
 pub use region::RegionError;
 
-use rmemfs_common::fabric::{self, FabricError, Server, Transport};
+use rmemfs_common::fabric::{self, ControlHandler, FabricError, Server, Transport};
 use rmemfs_common::protocol::{NodeStats, VolumeSummary, MAX_TOKEN_LEN, MIN_TOKEN_LEN};
 use rmemfs_common::size::format_size;
 use std::net::SocketAddr;
@@ -160,6 +162,16 @@ impl Memnode {
     /// Picks the transport, binds the listener, reserves the region and starts
     /// serving in the background.
     pub fn start(cfg: MemnodeConfig) -> Result<Memnode, MemnodeError> {
+        Memnode::start_wrapped(cfg, |control| control)
+    }
+
+    /// As [`Memnode::start`], serving control frames through what `wrap` makes of
+    /// the control service: a test's memnode that tells its clients what cannot be
+    /// (`liar.rs`).
+    pub fn start_wrapped(
+        cfg: MemnodeConfig,
+        wrap: impl FnOnce(Arc<dyn ControlHandler>) -> Arc<dyn ControlHandler>,
+    ) -> Result<Memnode, MemnodeError> {
         let token = cfg.token;
         if let Some(t) = &token {
             if t.is_empty() {
@@ -252,7 +264,7 @@ impl Memnode {
         let control = Arc::new(control);
         let reaper = reaper::Reaper::start(control.clone()).map_err(MemnodeError::Serve)?;
         let server = listener
-            .serve(control.clone())
+            .serve(wrap(control.clone()))
             .map_err(MemnodeError::Serve)?;
         log::info!(
             "memnode {node_id:016x} lending {} ({} pages{}) on {} over {transport}{}",

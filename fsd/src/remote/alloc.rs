@@ -9,7 +9,6 @@ use super::error::RemoteError;
 use super::placement::{BlockLoc, Replica, MAX_REPLICAS};
 use super::pool::pages_for;
 use super::{lock, RemoteStore};
-use rmemfs_common::control;
 use rmemfs_common::fabric::RemoteAddr;
 use rmemfs_common::size::format_size;
 use std::sync::atomic::Ordering;
@@ -109,7 +108,7 @@ impl RemoteStore {
         let least = pages_for(bytes);
         let mut size = self.chunk_size;
         loop {
-            match control::alloc(link.control(), size) {
+            match node.alloc(&link, size) {
                 Ok(a) => {
                     self.counters.chunk_allocs.fetch_add(1, Ordering::Relaxed);
                     log::debug!(
@@ -118,28 +117,31 @@ impl RemoteStore {
                         a.addr,
                         format_size(a.len)
                     );
-                    pool.blocks.add_chunk(a);
+                    if let Err(e) = node.pool_chunk(&mut pool.blocks, a) {
+                        drop(pool);
+                        return Err(node.failed(link.epoch, e));
+                    }
                     return pool
                         .blocks
                         .take(bytes)
                         .map(replica)
                         .ok_or(RemoteError::NoSpace);
                 }
-                Err(e) if e.is_no_space() && size > least => {
+                Err(RemoteError::NoSpace) if size > least => {
                     size = (size / 2).max(least);
                 }
-                Err(e) if e.is_no_space() => {
+                Err(RemoteError::NoSpace) => {
                     // A tenant at its quota is, for this fsd, a memnode that is full:
                     // room comes back as it frees, or is found on other memnodes.
                     node.full.store(true, Ordering::Relaxed);
-                    if e.is_over_quota() {
-                        log::warn!("memnode {}: {e}", node.name);
-                    } else {
-                        log::warn!("memnode {} is full", node.name);
-                    }
+                    log::warn!("memnode {} has no room for this fsd", node.name);
                     return Err(RemoteError::NoSpace);
                 }
-                Err(e) => return Err(node.control_error(link.epoch, e)),
+                Err(e) => {
+                    // Recorded without the pool's lock (see `Node::alloc`).
+                    drop(pool);
+                    return Err(node.failed(link.epoch, e));
+                }
             }
         }
     }

@@ -39,20 +39,17 @@ impl RemoteStore {
     pub fn volume_chunks(&self, idx: usize) -> Result<Vec<Allocation>, RemoteError> {
         let node = self.nodes.get(idx).ok_or(RemoteError::Lost)?;
         let link = node.link()?;
-        control::volume_chunks(link.control()).map_err(|e| node.control_error(link.epoch, e))
+        node.chunks(&link, true)
+            .map_err(|e| node.failed(link.epoch, e))
     }
 
     /// A new chunk of `bytes` on node `idx`, outside the block pools (metadata).
     pub fn alloc_chunk(&self, idx: usize, bytes: u64) -> Result<Allocation, RemoteError> {
         let node = self.nodes.get(idx).ok_or(RemoteError::Lost)?;
         let link = node.link()?;
-        let a = control::alloc(link.control(), bytes).map_err(|e| {
-            if e.is_no_space() {
-                RemoteError::NoSpace
-            } else {
-                node.control_error(link.epoch, e)
-            }
-        })?;
+        let a = node
+            .alloc(&link, bytes)
+            .map_err(|e| node.failed(link.epoch, e))?;
         self.counters.chunk_allocs.fetch_add(1, Ordering::Relaxed);
         Ok(a)
     }

@@ -16,7 +16,6 @@ use super::error::RemoteError;
 use super::io::BlockRead;
 use super::placement::{BlockLoc, Replica, MAX_REPLICAS};
 use super::RemoteStore;
-use rmemfs_common::control;
 use rmemfs_common::fabric::RdmaOp;
 use rmemfs_common::protocol::{CopySpan, FEATURE_COPY, MAX_COPY_BYTES, MAX_COPY_SPANS};
 use std::sync::atomic::Ordering;
@@ -232,17 +231,7 @@ impl RemoteStore {
         } else {
             spans
         };
-        let copied =
-            control::copy(link.control(), spans).map_err(|e| node.control_error(link.epoch, e))?;
-        if copied != bytes {
-            return Err(RemoteError::Control {
-                node: node.name.clone(),
-                error: control::ControlError::Unexpected {
-                    request: "Copy",
-                    reply: format!("{copied} bytes copied of {bytes}"),
-                },
-            });
-        }
+        node.copy(&link, spans, bytes)?;
         self.counters
             .memnode_copy_bytes
             .fetch_add(bytes, Ordering::Relaxed);

@@ -25,6 +25,11 @@ pub enum RemoteError {
         "every copy of the block fails its checksum (the last on memnode {node} at {addr:#x})"
     )]
     Corrupt { node: String, addr: u64 },
+    /// A memnode's reply that cannot be true: a length or address past its capacity,
+    /// the address space or what was asked for (`checked.rs`). `what` names the
+    /// reply, the field and its value.
+    #[error("memnode {node} sent a reply fsd does not believe: {what}")]
+    Untrusted { node: String, what: String },
 }
 
 impl RemoteError {

@@ -50,6 +50,8 @@ pub(super) struct Link {
     pub features: u32,
     /// The memnode's restarts on its memory file, as its Welcome said.
     pub boot: u64,
+    /// Bytes the memnode lends, as its Welcome said: no chunk it names is larger.
+    pub capacity: u64,
     /// The rkeys of the chunks fsd held before the memnode restarted on its memory
     /// file (`None`: it never did while fsd held them).
     pub remap: Option<Arc<RkeyRemap>>,
@@ -133,7 +135,9 @@ impl Link {
                         }
                     },
                 )?;
-                Some(info)
+                Some(super::checked::volume_opened(
+                    name, control, capacity, info,
+                )?)
             }
         };
         let link = Link {
@@ -144,6 +148,7 @@ impl Link {
             volume,
             features,
             boot,
+            capacity,
             remap: None,
         };
         Ok(Opened {

@@ -33,10 +33,13 @@
 //! page sums (`io.rs`, `sums.rs`); copies inside remote memory (`copy.rs`); whole
 //! chunks for volumes (`chunks.rs`). One memnode is a node (`node.rs`) with its
 //! connections (`link.rs`, `remap.rs`), its pool (`pool.rs`) and its refill and
-//! watch threads (`refill.rs`, `watch.rs`).
+//! watch threads (`refill.rs`, `watch.rs`). Every length and address a memnode's
+//! reply carries is checked where it enters (`checked.rs`): a memnode that says what
+//! cannot be is refused, never believed.
 
 mod alloc;
 mod batch;
+pub mod checked;
 mod chunks;
 mod copy;
 mod counters;

@@ -304,17 +304,43 @@ impl Node {
         if !(e.is_fatal() || matches!(e, FabricError::Timeout { .. })) {
             return;
         }
+        self.set_unreachable(epoch, e.to_string());
+    }
+
+    /// Makes the node unreachable for `why` (logged once): its link is dropped, its
+    /// copies are kept, and the watch thread reconnects it.
+    fn set_unreachable(&self, epoch: u32, why: String) {
         let mut s = self.write_state();
         if s.epoch == epoch && s.away.is_none() {
             log::error!(
-                "memnode {} is unreachable: {e}; its copies are kept, reconnecting in the background",
+                "memnode {} is unreachable: {why}; its copies are kept, reconnecting in the background",
                 self.name
             );
-            s.away = Some((e.to_string(), Instant::now()));
+            s.away = Some((why, Instant::now()));
             s.link = None;
             self.up_epoch.store(epoch as u64, Ordering::Release);
             self.events.unreachable.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Records that an operation on the link of `epoch` failed with `e`, and returns
+    /// `e`: a broken connection or a timeout makes the node unreachable (as
+    /// [`Node::note_failure`]), and so does a reply that cannot be true
+    /// ([`RemoteError::Untrusted`]): nothing more said on that link is believed, as
+    /// after a failure; a later link asks again.
+    pub fn failed(&self, epoch: u32, e: RemoteError) -> RemoteError {
+        match &e {
+            RemoteError::Control {
+                error: ControlError::Fabric(f),
+                ..
+            }
+            | RemoteError::Fabric { error: f, .. } => self.note_failure(epoch, f),
+            RemoteError::Untrusted { what, .. } => {
+                self.set_unreachable(epoch, format!("a reply fsd does not believe: {what}"))
+            }
+            _ => {}
+        }
+        e
     }
 
     pub fn fabric_error(&self, epoch: u32, error: FabricError) -> RemoteError {
@@ -518,14 +544,7 @@ impl Node {
     /// The chunks the resumed session can reach, with their current rkeys: its
     /// scratch chunks, or its volume's (the root among them).
     fn held_chunks(&self, link: &Link, cfg: &LinkConfig) -> Result<Vec<Allocation>, RemoteError> {
-        let listed = match cfg.volume {
-            None => control::session_chunks(link.control()),
-            Some(_) => control::volume_chunks(link.control()),
-        };
-        let mut chunks = listed.map_err(|error| RemoteError::Control {
-            node: self.name.clone(),
-            error,
-        })?;
+        let mut chunks = self.chunks(link, cfg.volume.is_some())?;
         chunks.extend(link.volume.map(|v| v.root));
         Ok(chunks)
     }
@@ -566,7 +585,7 @@ impl Node {
     /// it unreachable.
     pub fn heartbeat(&self) -> Result<(), RemoteError> {
         let link = self.link()?;
-        let stats = control::stat(link.control()).map_err(|e| self.control_error(link.epoch, e))?;
+        let stats = self.stat(&link)?;
         *lock(&self.usage) = Some(stats);
         Ok(())
     }

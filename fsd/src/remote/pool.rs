@@ -96,24 +96,36 @@ impl BlockPool {
         true
     }
 
-    /// Adds a freshly allocated chunk; all of it becomes free.
     /// True when the chunk starting at `addr` is one of this pool's.
     pub fn has_chunk(&self, addr: u64) -> bool {
         self.chunks.contains_key(&addr)
     }
 
-    pub fn add_chunk(&mut self, alloc: Allocation) {
-        self.add_chunk_in_use(alloc, &BTreeMap::new());
+    /// Adds a freshly allocated chunk; all of it becomes free. A chunk that overlaps
+    /// one the pool holds is not added: that one is returned (two chunks over the
+    /// same memory would hand it out twice).
+    pub fn add_chunk(&mut self, alloc: Allocation) -> Option<Allocation> {
+        self.add_chunk_in_use(alloc, &BTreeMap::new())
     }
 
     /// Adds a chunk of which the pieces in `used` (start -> length) are already taken
-    /// (a volume's chunk, adopted at mount). Pieces outside the chunk are ignored.
-    pub fn add_chunk_in_use(&mut self, alloc: Allocation, used: &BTreeMap<u64, u64>) {
+    /// (a volume's chunk, adopted at mount). Pieces outside the chunk are ignored. As
+    /// [`BlockPool::add_chunk`], a chunk overlapping a held one is not added.
+    pub fn add_chunk_in_use(
+        &mut self,
+        alloc: Allocation,
+        used: &BTreeMap<u64, u64>,
+    ) -> Option<Allocation> {
         let usable = alloc.len / PAGE * PAGE;
-        if usable == 0 || self.chunks.contains_key(&alloc.addr) {
-            return;
+        // A chunk that wraps is refused where it enters (`checked.rs`); here it is
+        // only never added.
+        let end = alloc.addr.checked_add(usable)?;
+        if let Some(held) = self.overlapping(alloc.addr, end) {
+            return Some(held);
         }
-        let end = alloc.addr + usable;
+        if usable == 0 {
+            return None;
+        }
         let mut at = alloc.addr;
         let mut free = 0;
         for (&start, &len) in used.range(alloc.addr..end) {
@@ -121,7 +133,7 @@ impl BlockPool {
                 self.insert_extent(at, start - at);
                 free += start - at;
             }
-            at = at.max((start + pages_for(len)).min(end));
+            at = at.max(start.saturating_add(pages_for(len)).min(end));
         }
         if end > at {
             self.insert_extent(at, end - at);
@@ -136,6 +148,13 @@ impl BlockPool {
                 free,
             },
         );
+        None
+    }
+
+    /// A held chunk with usable pages in `[start, end)`.
+    fn overlapping(&self, start: u64, end: u64) -> Option<Allocation> {
+        let before = self.chunks.range(..end).next_back()?.1;
+        (before.alloc.addr.saturating_add(before.usable.max(1)) > start).then_some(before.alloc)
     }
 
     /// Returns the piece of `bytes` at `piece` to its chunk. Returns whether the pool

@@ -32,6 +32,31 @@ fn hands_out_whole_blocks_of_a_chunk_once_then_runs_dry() {
 }
 
 #[test]
+fn a_chunk_over_memory_the_pool_holds_is_not_added() {
+    let mut p = BlockPool::new();
+    let held = chunk(1 << 20, 16, 7);
+    assert_eq!(p.add_chunk(held), None);
+    for (addr, pages) in [
+        (1 << 20, 16),
+        ((1 << 20) + 15 * PAGE, 4),
+        ((1 << 20) - PAGE, 2),
+    ] {
+        assert_eq!(
+            p.add_chunk(chunk(addr, pages, 8)),
+            Some(held),
+            "{addr:#x}+{pages}"
+        );
+    }
+    assert_eq!(p.free_bytes(), 16 * PAGE, "nothing of them was added");
+    // Right before and right after it is memory of its own.
+    assert_eq!(p.add_chunk(chunk((1 << 20) - PAGE, 1, 8)), None);
+    assert_eq!(p.add_chunk(chunk((1 << 20) + 16 * PAGE, 1, 9)), None);
+    // One that wraps is never added (it is refused where it enters).
+    assert_eq!(p.add_chunk(chunk(u64::MAX - PAGE + 1, 2, 9)), None);
+    assert_eq!(p.free_bytes(), 18 * PAGE);
+}
+
+#[test]
 fn small_pieces_take_whole_pages_and_only_those() {
     let mut p = BlockPool::new();
     p.add_chunk(chunk(0, 16, 1));

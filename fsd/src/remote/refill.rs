@@ -9,9 +9,9 @@
 //! part of the node (`node.rs`): this thread depends on the node, not the other way.
 
 use super::counters::RemoteCounters;
+use super::error::RemoteError;
 use super::lock;
 use super::node::Node;
-use rmemfs_common::control;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -42,18 +42,22 @@ pub(super) fn start(
             {
                 continue;
             }
-            match control::alloc(link.control(), chunk_size) {
+            match node.alloc(&link, chunk_size) {
                 Ok(a) => {
                     counters.chunk_allocs.fetch_add(1, Ordering::Relaxed);
                     log::debug!("memnode {}: chunk {:#x} allocated ahead", node.name, a.addr);
                     let mut pool = lock(&node.pool);
                     // A chunk of an epoch that ended meanwhile went with it.
                     if pool.epoch == link.epoch {
-                        pool.blocks.add_chunk(a);
+                        let added = node.pool_chunk(&mut pool.blocks, a);
+                        drop(pool);
+                        if let Err(e) = added {
+                            log::warn!("allocating ahead: {}", node.failed(link.epoch, e));
+                        }
                     }
                 }
-                Err(e) if e.is_no_space() => {}
-                Err(e) => log::warn!("allocating ahead: {}", node.control_error(link.epoch, e)),
+                Err(RemoteError::NoSpace) => {}
+                Err(e) => log::warn!("allocating ahead: {}", node.failed(link.epoch, e)),
             }
         })
 }

@@ -8,7 +8,6 @@
 use super::node::{Node, NodeState};
 use super::placement::{BlockLoc, Replica};
 use super::{lock, RemoteStore};
-use rmemfs_common::control;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -196,14 +195,16 @@ impl RemoteStore {
         for node in &self.nodes {
             let Ok(link) = node.link() else { continue };
             let local_free = lock(&node.pool).blocks.free_bytes();
-            match control::stat(link.control()) {
+            match node.stat(&link) {
+                // Sums of what several memnodes say: saturating, as a capacity near
+                // the largest u64 is one they may say.
                 Ok(s) => {
-                    total += s.capacity;
-                    free += s.capacity.saturating_sub(s.used) + local_free;
+                    total = s.capacity.saturating_add(total);
+                    free = (s.capacity - s.used)
+                        .saturating_add(local_free)
+                        .saturating_add(free);
                 }
-                Err(e) => {
-                    log::warn!("{}", node.control_error(link.epoch, e));
-                }
+                Err(e) => log::warn!("{e}"),
             }
         }
         let r = self.replicas as u64;

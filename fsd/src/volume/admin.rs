@@ -86,7 +86,9 @@ fn report(remote: &RemoteStore, l: &Loaded) -> FsckReport {
         orphans: l.orphans,
         problems,
         leaked_chunks: leaked.len(),
-        leaked_bytes: leaked.iter().map(|(_, c)| c.len).sum(),
+        leaked_bytes: leaked
+            .iter()
+            .fold(0u64, |n, (_, c)| n.saturating_add(c.len)),
         lost_blocks: l.lost_blocks,
         missing: Some(super::quorum::missing_now(remote, Some(l)))
             .filter(|m| !m.is_empty())

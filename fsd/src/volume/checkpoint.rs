@@ -99,6 +99,8 @@ impl Volume {
         let mut copies = Vec::new();
         // Memnodes out of reach that took a copy (none in reach could).
         let mut waited_for = Vec::new();
+        // Why the others did not: the error when none did.
+        let mut refusals = Vec::new();
         // Memnodes in reach first: an unreachable one is waited for only when too
         // few others can take a copy.
         let mut order: Vec<usize> = (0..nodes).filter(|&i| members[i].is_some()).collect();
@@ -121,11 +123,14 @@ impl Volume {
                     }
                     copies.push(c);
                 }
-                Err(e) => log::warn!(
-                    "volume {}: no checkpoint copy on memnode {}: {e}",
-                    self.name,
-                    self.remote.node_name(node)
-                ),
+                Err(e) => {
+                    log::warn!(
+                        "volume {}: no checkpoint copy on memnode {}: {e}",
+                        self.name,
+                        self.remote.node_name(node)
+                    );
+                    refusals.push(e.to_string());
+                }
             }
             spares.extend(spare);
         }
@@ -137,8 +142,13 @@ impl Volume {
             st.checkpoint_wanted = checkpoint.len() as u64;
             self.journal.return_frees(frees);
             return Err(VolumeError::NoCopy(format!(
-                "no memnode took a checkpoint of volume {}",
-                self.name
+                "no memnode took a checkpoint of volume {}{}",
+                self.name,
+                if refusals.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", refusals.join("; "))
+                }
             )));
         }
         let sb = |copy: Option<&MetaCopy>| Superblock {

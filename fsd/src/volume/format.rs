@@ -54,6 +54,11 @@ pub const SUPERBLOCK_SLOT: usize = 2048;
 pub const MAX_MEMBERS: usize = 64;
 /// Bytes before a checkpoint's records.
 pub const CHECKPOINT_HEADER: usize = 48;
+/// The largest generation and log sequence number a superblock may hold. fsd adds to
+/// both (a checkpoint one, a degraded mount 2^32, each log entry one): a superblock
+/// near the end of u64 was made up, not counted to (2^62 checkpoints at one per
+/// nanosecond take 146 years), and is refused so that no sum wraps.
+pub const MAX_COUNTER: u64 = 1 << 62;
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum FormatError {

@@ -14,6 +14,8 @@ use super::format::{
 use super::image::Image;
 use super::journal::Journal;
 use super::logged::Logged;
+use super::source::{end, read_area, VolumeSource};
+use super::LOG_BYTES;
 use crate::inode::BlockEntry;
 use crate::remote::sums::Sums;
 use crate::remote::{BlockLoc, RemoteError, RemoteStore};
@@ -64,6 +66,9 @@ pub struct Loaded {
     pub member_ids: Vec<u64>,
     /// Per node index: the volume's chunks (root excluded), by address.
     pub chunks: Vec<BTreeMap<u64, Allocation>>,
+    /// The longest checkpoint of the loaded generation's copies that were read
+    /// whole: a length from remote memory only once it was read.
+    pub checkpoint_len: u64,
     /// Chunks holding the loaded generation's metadata (node, chunk).
     pub metadata: Vec<(usize, Allocation)>,
     /// The loaded generation's copies: (node, checkpoint chunk, log chunk).
@@ -109,7 +114,20 @@ struct RootRead {
 /// Reads both superblock slots of a root chunk. A damaged slot beside a valid one is
 /// what a torn superblock write leaves; it is also what damage to the newest one
 /// looks like, so it is reported either way.
-fn read_superblock(remote: &RemoteStore, node: usize, root: Allocation) -> RootRead {
+fn read_superblock(remote: &impl VolumeSource, node: usize, root: Allocation) -> RootRead {
+    if root.len < 2 * SUPERBLOCK_SLOT as u64 {
+        return RootRead {
+            newest: Err(format!(
+                "the root chunk at {:#x} has length {}, too small for the two superblock \
+                 slots ({} bytes)",
+                root.addr,
+                root.len,
+                2 * SUPERBLOCK_SLOT
+            )),
+            damage: None,
+            older: None,
+        };
+    }
     let mut buf = vec![0u8; 2 * SUPERBLOCK_SLOT];
     let at = RemoteAddr {
         addr: root.addr,
@@ -168,12 +186,12 @@ fn read_superblock(remote: &RemoteStore, node: usize, root: Allocation) -> RootR
 /// Finds the chunk of `chunks` holding `[addr, addr + len)`.
 fn chunk_of(chunks: &BTreeMap<u64, Allocation>, addr: u64, len: u64) -> Option<Allocation> {
     let (_, c) = chunks.range(..=addr).next_back()?;
-    (addr.checked_add(len)? <= c.addr + c.len).then_some(*c)
+    (addr.checked_add(len)? <= end(c)).then_some(*c)
 }
 
 /// Reads the volume's metadata; `None` for a volume that was never written (no
 /// superblock anywhere).
-pub fn load(remote: &RemoteStore, volume: &str) -> Result<Option<Loaded>, VolumeError> {
+pub fn load(remote: &impl VolumeSource, volume: &str) -> Result<Option<Loaded>, VolumeError> {
     let nodes = remote.node_count();
     let mut supers: Vec<(usize, Superblock)> = Vec::new();
     let mut olders: Vec<(usize, Superblock)> = Vec::new();
@@ -252,6 +270,7 @@ pub fn load(remote: &RemoteStore, volume: &str) -> Result<Option<Loaded>, Volume
     }
     // Every copy of the newest generation, best first.
     let mut best: Option<(usize, Image, u64, usize)> = None;
+    let mut checkpoint_len = 0;
     let mut replayed = Vec::new();
     let mut problems = damaged_supers;
     for (node, sb) in supers.iter().filter(|(_, s)| s.generation == newest) {
@@ -261,6 +280,7 @@ pub fn load(remote: &RemoteStore, volume: &str) -> Result<Option<Loaded>, Volume
         match read_copy(remote, *node, ck, ck_crc, log, sb) {
             Ok((image, next_seq, entries, end)) => {
                 replayed.push((*node, next_seq, end));
+                checkpoint_len = checkpoint_len.max(ck.len);
                 if best.as_ref().is_none_or(|b| next_seq > b.2) {
                     best = Some((*node, image, next_seq, entries));
                 }
@@ -336,6 +356,7 @@ pub fn load(remote: &RemoteStore, volume: &str) -> Result<Option<Loaded>, Volume
         slots,
         member_ids: head.members.clone(),
         chunks,
+        checkpoint_len,
         metadata,
         current,
         log_ends: replayed
@@ -367,44 +388,14 @@ fn metadata_chunks(
 /// One memnode's checkpoint and log, replayed: the image, the next sequence number,
 /// how many log entries were applied and the offset in the log just past them.
 fn read_copy(
-    remote: &RemoteStore,
+    remote: &impl VolumeSource,
     node: usize,
     ck: Area,
     ck_crc: u32,
     log: Area,
     sb: &Superblock,
 ) -> Result<(Image, u64, usize, u64), String> {
-    let read = |area: Area, what: &str| -> Result<Vec<u8>, String> {
-        // The rkey is the chunk's: find it among the volume's chunks. (A superblock
-        // names the area; inside a chunk, its length is bounded by the memnode's.)
-        let chunk = remote
-            .volume_chunks(node)
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .find(|c| {
-                c.addr <= area.addr
-                    && area
-                        .addr
-                        .checked_add(area.len)
-                        .is_some_and(|end| end <= c.addr + c.len)
-            })
-            .ok_or(format!(
-                "{what} at {:#x} (+{}) is in no chunk of the volume",
-                area.addr, area.len
-            ))?;
-        let len = usize::try_from(area.len)
-            .map_err(|_| format!("{what} length {} is out of range", area.len))?;
-        let mut buf = vec![0u8; len];
-        let at = RemoteAddr {
-            addr: area.addr,
-            rkey: chunk.rkey,
-        };
-        remote
-            .read_at(node, at, &mut buf)
-            .map_err(|e| format!("reading the {what}: {e}"))?;
-        Ok(buf)
-    };
-    let ck_bytes = read(ck, "checkpoint")?;
+    let ck_bytes = read_area(remote, node, ck, u64::MAX, "checkpoint")?;
     if super::format::crc(&ck_bytes) != ck_crc {
         return Err("checkpoint checksum mismatch".into());
     }
@@ -414,7 +405,9 @@ fn read_copy(
     for r in records {
         image.apply(r);
     }
-    let log_bytes = read(log, "log")?;
+    // No commit writes past LOG_BYTES (`commit.rs`): a longer log area (its chunk
+    // rounded up by the memnode, or a length made up) holds nothing more to replay.
+    let log_bytes = read_area(remote, node, log, LOG_BYTES, "log")?;
     let scan = scan_log(&log_bytes, sb.first_seq);
     if let Some(at) = scan.damaged_at {
         return Err(format!(
@@ -445,7 +438,7 @@ impl Loaded {
     /// Resolves a stored block's copies on the memnodes configured now: a copy
     /// whose member is gone, or whose address is in no chunk of the volume there,
     /// is a lost copy.
-    fn resolve(&self, remote: &RemoteStore, b: &super::format::StoredBlock) -> BlockLoc {
+    fn resolve(&self, remote: &impl VolumeSource, b: &super::format::StoredBlock) -> BlockLoc {
         let mut loc = BlockLoc::new(b.alloc_len as u64);
         if b.alloc_len as u64 > remote.block_size() {
             // Not a copy this volume's blocks can have: none of its copies is used.
@@ -530,8 +523,7 @@ impl Loaded {
                 continue;
             };
             let free = |c: &Allocation| {
-                used[*node].range(c.addr..c.addr + c.len).next().is_none()
-                    && !self.is_metadata(*node, c)
+                used[*node].range(c.addr..end(c)).next().is_none() && !self.is_metadata(*node, c)
             };
             if free(&ck) && free(&log) {
                 spares.push((*node, ck, log));
@@ -546,7 +538,7 @@ impl Loaded {
         let mut out = Vec::new();
         for (node, chunks) in self.chunks.iter().enumerate() {
             for c in chunks.values() {
-                let holds = used[node].range(c.addr..c.addr + c.len).next().is_some();
+                let holds = used[node].range(c.addr..end(c)).next().is_some();
                 if !self.is_metadata(node, c) && !holds {
                     out.push((node, *c));
                 }
@@ -576,7 +568,7 @@ impl Loaded {
     }
 
     /// The live namespace (after [`Loaded::reclaim`]).
-    pub fn into_namespace<N: Logged>(self, remote: &RemoteStore, journal: Arc<Journal>) -> N {
+    pub fn into_namespace<N: Logged>(self, remote: &impl VolumeSource, journal: Arc<Journal>) -> N {
         // A written block with no copy left keeps its entry: reading it fails (EIO)
         // rather than returning zeros as if it were a hole. Pages from a file's end
         // on keep no sum: the mount zeroes them (`zero_past_eof`).
@@ -602,3 +594,7 @@ impl Loaded {
         })
     }
 }
+
+#[cfg(test)]
+#[path = "load_tests.rs"]
+mod tests;

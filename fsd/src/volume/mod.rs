@@ -134,16 +134,20 @@ pub mod image;
 pub mod journal;
 mod load;
 mod logged;
+#[cfg(any(test, feature = "test-support"))]
+pub mod memory;
 mod mount;
 pub mod quorum;
 mod room;
+mod source;
 
 pub use commit::LOG_BYTES;
-pub use load::{Loaded, VolumeError};
+pub use load::{load, Loaded, VolumeError};
 pub use logged::{BlockEncoder, Logged};
 pub use mount::MountReport;
 pub use quorum::MountPolicy;
 pub use room::{block_record_bound, checkpoint_room, room_slack};
+pub use source::VolumeSource;
 
 use crate::remote::{BlockLoc, RemoteStore};
 use journal::Journal;

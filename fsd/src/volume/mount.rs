@@ -112,7 +112,7 @@ impl Volume {
     ) -> Result<(Arc<Volume>, N, MountReport), VolumeError> {
         let journal = Arc::new(Journal::default());
         quorum::await_memnodes(&remote, policy.wait);
-        let mut loaded = load::load(&remote, name)?;
+        let mut loaded = load::load(remote.as_ref(), name)?;
         let missing = quorum::missing_now(&remote, loaded.as_ref());
         let mut report = MountReport::default();
         if let Some(l) = loaded.as_mut().filter(|_| !missing.is_empty()) {
@@ -173,12 +173,7 @@ impl Volume {
                 loaded_spares = l.spares.clone();
                 loaded_ends = l.log_ends.clone();
                 loaded_tail = loaded_ends.iter().map(|&(_, end)| end).max().unwrap_or(0);
-                loaded_checkpoint_len = l
-                    .copies
-                    .iter()
-                    .filter_map(|c| c.checkpoint.map(|a| a.len))
-                    .max()
-                    .unwrap_or(0);
+                loaded_checkpoint_len = l.checkpoint_len;
                 same_members = (0..remote.node_count().max(l.member_ids.len())).all(|i| {
                     let now = remote.node_identity(i).map_or(0, |(_, id)| id);
                     now == l.member_ids.get(i).copied().unwrap_or(0)
@@ -192,7 +187,7 @@ impl Volume {
                     );
                     upgrade = true;
                 }
-                let ns = l.into_namespace(&remote, journal.clone());
+                let ns = l.into_namespace(remote.as_ref(), journal.clone());
                 report.tails_zeroed = zero_past_eof(&ns, &remote)?;
                 (ns, volume_id, generation, next_seq, old)
             }

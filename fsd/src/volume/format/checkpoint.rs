@@ -5,7 +5,8 @@
 
 use super::{
     crc, decode_records, Area, FormatError, Reader, Record, Superblock, Writer, CHECKPOINT_HEADER,
-    CHECKPOINT_MAGIC, FORMAT_VERSION, MAX_MEMBERS, OLDEST_READABLE_VERSION, SUPERBLOCK_MAGIC,
+    CHECKPOINT_MAGIC, FORMAT_VERSION, MAX_COUNTER, MAX_MEMBERS, OLDEST_READABLE_VERSION,
+    SUPERBLOCK_MAGIC,
 };
 use rmemfs_common::le;
 
@@ -75,6 +76,19 @@ impl Superblock {
             return Err(FormatError::Checksum);
         }
         check_version(version)?;
+        if generation > MAX_COUNTER {
+            return Err(FormatError::BadField("generation"));
+        }
+        if first_seq > MAX_COUNTER {
+            return Err(FormatError::BadField("first sequence number"));
+        }
+        // Ranges of remote memory: none wraps past the end of the address space.
+        if has_ck != 0 && ck.addr.checked_add(ck.len).is_none() {
+            return Err(FormatError::BadField("checkpoint area"));
+        }
+        if has_log != 0 && log.addr.checked_add(log.len).is_none() {
+            return Err(FormatError::BadField("log area"));
+        }
         Ok(Some(Superblock {
             volume_id,
             generation,

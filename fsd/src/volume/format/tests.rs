@@ -143,6 +143,75 @@ fn damage_in_the_middle_of_a_log_is_told_from_a_torn_tail() {
 }
 
 #[test]
+fn a_superblock_with_counters_past_the_format_or_wrapping_areas_is_refused() {
+    let good = Superblock {
+        volume_id: 1,
+        generation: MAX_COUNTER,
+        block_size: 65536,
+        first_seq: MAX_COUNTER,
+        checkpoint: Some((
+            Area {
+                addr: 4096,
+                len: 64,
+            },
+            0,
+        )),
+        log: Some(Area {
+            addr: u64::MAX - 4096,
+            len: 4096,
+        }),
+        members: vec![3],
+        version: FORMAT_VERSION,
+    };
+    let decode = |sb: &Superblock| {
+        let mut slot = sb.encode();
+        slot.resize(SUPERBLOCK_SLOT, 0);
+        Superblock::decode(&slot)
+    };
+    assert_eq!(decode(&good), Ok(Some(good.clone())));
+    let refused = |sb: Superblock, field: &'static str| {
+        assert_eq!(decode(&sb), Err(FormatError::BadField(field)), "{sb:?}");
+    };
+    refused(
+        Superblock {
+            generation: MAX_COUNTER + 1,
+            ..good.clone()
+        },
+        "generation",
+    );
+    refused(
+        Superblock {
+            first_seq: u64::MAX,
+            ..good.clone()
+        },
+        "first sequence number",
+    );
+    refused(
+        Superblock {
+            checkpoint: Some((
+                Area {
+                    addr: 4096,
+                    len: u64::MAX,
+                },
+                0,
+            )),
+            ..good.clone()
+        },
+        "checkpoint area",
+    );
+    refused(
+        Superblock {
+            log: Some(Area {
+                addr: u64::MAX - 4096,
+                len: 4097,
+            }),
+            ..good
+        },
+        "log area",
+    );
+}
+
+#[test]
 fn a_superblock_round_trips_and_any_flipped_byte_is_caught() {
     let sb = Superblock {
         volume_id: 42,
