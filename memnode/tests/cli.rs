@@ -167,10 +167,10 @@ fn prints_one_listening_line_serves_and_exits_cleanly_on_sigterm() {
 fn the_token_can_come_from_the_environment() {
     let node = spawn(
         &["--listen", "127.0.0.1:0", "--size", "4M"],
-        Some("from-env"),
+        Some("a-token-from-the-environment"),
     );
     let ep = TcpEndpoint::connect(&node.addr, TIMEOUT).expect("connects");
-    match control::hello(&ep, 1, b"wrong") {
+    match control::hello(&ep, 1, b"a-wrong-token-for-this-test") {
         Err(ControlError::Refused {
             code: ErrorCode::AuthFailed,
             ..
@@ -178,7 +178,8 @@ fn the_token_can_come_from_the_environment() {
         other => panic!("a wrong token: expected AuthFailed, got {other:?}"),
     }
     let ep = TcpEndpoint::connect(&node.addr, TIMEOUT).expect("connects");
-    control::hello(&ep, 1, b"from-env").expect("the token from RMEMFS_TOKEN is accepted");
+    control::hello(&ep, 1, b"a-token-from-the-environment")
+        .expect("the token from RMEMFS_TOKEN is accepted");
 }
 
 #[test]

@@ -207,7 +207,7 @@ fn data_ops_and_control_before_hello_are_refused() {
 
 #[test]
 fn a_wrong_token_is_refused_and_the_right_one_welcome() {
-    let node = start_with_token(16 * MIB, Some(b"letmein"));
+    let node = start_with_token(16 * MIB, Some(b"let-me-in-with-this-token"));
     let ep = connect(&node);
     match control::hello(&ep, 1, b"guess") {
         Err(ControlError::Refused {
@@ -217,7 +217,8 @@ fn a_wrong_token_is_refused_and_the_right_one_welcome() {
         other => panic!("Hello with a wrong token: expected AuthFailed, got {other:?}"),
     }
     let ep = connect(&node);
-    let w = control::hello(&ep, 1, b"letmein").expect("the right token is welcome");
+    let w =
+        control::hello(&ep, 1, b"let-me-in-with-this-token").expect("the right token is welcome");
     assert_eq!(w.capacity, 16 * MIB);
 }
 
