@@ -69,6 +69,30 @@ fn send_raw(s: &ControlService, c: &mut ConnectionState, frame: &[u8]) -> (Respo
     (resp, r.close)
 }
 
+/// Hello on `c` as client `id`: the transcript its Prove must cover, or the refusal
+/// and its close flag.
+fn challenged(
+    s: &ControlService,
+    c: &mut ConnectionState,
+    id: u64,
+    resume: bool,
+) -> Result<auth::Transcript, (Response, bool)> {
+    let client_nonce = auth::new_nonce().unwrap();
+    let hello = Request::Hello {
+        client_id: id,
+        nonce: client_nonce,
+        resume,
+    };
+    match ask(s, c, &hello) {
+        (Response::Challenge { nonce }, _) => Ok(auth::Transcript {
+            client_id: id,
+            client_nonce,
+            server_nonce: nonce,
+        }),
+        refused => Err(refused),
+    }
+}
+
 /// Hello and Prove on `c` as client `id` with `token`, resuming `session` unless it
 /// is `NONE`, as a client does (`rmemfs_common::control::hello_in_session`): the last
 /// reply, its close flag, and the session's secret as the client now knows it (`NONE`
@@ -81,23 +105,9 @@ fn greet(
     session: SessionSecret,
 ) -> (Response, bool, SessionSecret) {
     let resume = !session.is_none();
-    let client_nonce = auth::new_nonce().unwrap();
-    let hello = Request::Hello {
-        client_id: id,
-        nonce: client_nonce,
-        resume,
-    };
-    let (resp, close) = ask(s, c, &hello);
-    let Response::Challenge {
-        nonce: server_nonce,
-    } = resp
-    else {
-        return (resp, close, SessionSecret::NONE);
-    };
-    let t = auth::Transcript {
-        client_id: id,
-        client_nonce,
-        server_nonce,
+    let t = match challenged(s, c, id, resume) {
+        Ok(t) => t,
+        Err((resp, close)) => return (resp, close, SessionSecret::NONE),
     };
     let key = auth::token_key(token);
     let prove = Request::Prove {
@@ -248,20 +258,7 @@ fn without_a_token_any_proof_is_welcome_but_the_memnode_proves_no_token() {
     // A client that has a token gets in too, but the Welcome's proof is not made
     // with its token: it sees the memnode does not know it (and refuses to go on).
     let mut c = conn(2);
-    let client_nonce = [3; auth::NONCE_LEN];
-    let hello = Request::Hello {
-        client_id: 10,
-        nonce: client_nonce,
-        resume: false,
-    };
-    let Response::Challenge { nonce } = ask(&s, &mut c, &hello).0 else {
-        panic!("no challenge")
-    };
-    let t = auth::Transcript {
-        client_id: 10,
-        client_nonce,
-        server_nonce: nonce,
-    };
+    let t = challenged(&s, &mut c, 10, false).expect("a challenge");
     let key = auth::token_key(b"a token the memnode lacks");
     let prove = Request::Prove {
         proof: auth::client_proof(&key, &t),
@@ -475,30 +472,18 @@ fn a_proof_is_good_for_its_own_connection_only() {
     // memnode's nonce differs.
     let s = service(Some(TOKEN));
     let mut c = conn(1);
-    let client_nonce = [9; auth::NONCE_LEN];
-    let hello = Request::Hello {
-        client_id: 5,
-        nonce: client_nonce,
-        resume: false,
-    };
-    let Response::Challenge { nonce } = ask(&s, &mut c, &hello).0 else {
-        panic!("no challenge")
-    };
-    let t = auth::Transcript {
-        client_id: 5,
-        client_nonce,
-        server_nonce: nonce,
-    };
+    let t = challenged(&s, &mut c, 5, false).expect("a challenge");
     let seen = Request::Prove {
         proof: auth::client_proof(&auth::token_key(TOKEN), &t),
         session: None,
     };
     assert!(matches!(ask(&s, &mut c, &seen).0, Response::Welcome { .. }));
     let mut replay = conn(2);
-    let Response::Challenge { nonce: other } = ask(&s, &mut replay, &hello).0 else {
-        panic!("no challenge")
-    };
-    assert_ne!(other, nonce, "each connection gets its own nonce");
+    let other = challenged(&s, &mut replay, 5, false).expect("a challenge");
+    assert_ne!(
+        other.server_nonce, t.server_nonce,
+        "each connection gets its own nonce"
+    );
     let (resp, close) = ask(&s, &mut replay, &seen);
     assert_eq!(code(&resp), Some(ErrorCode::AuthFailed), "{resp:?}");
     assert!(close);
