@@ -16,8 +16,11 @@
 //!   (its caller closes it); one that stops being so frees its slot.
 //! - **live**, the threads' bound: authenticated and pending connections, plus as
 //!   many again pending ones that were closed to make room and whose threads are on
-//!   their way out ([`Caps::ceiling`]). Only beyond it is a new connection refused
-//!   outright.
+//!   their way out ([`Caps::ceiling`]). A new connection at the ceiling waits a
+//!   moment ([`Admission::admit_within`]) for those threads to end, which they are
+//!   doing: a flood faster than threads end is slowed to their pace (the rest wait in
+//!   the kernel's accept queue) rather than answered by refusing whoever comes next,
+//!   a good client included. Only a ceiling still full after that wait refuses.
 //!
 //! Why close the oldest instead of refusing the newest: refusing lets whoever holds
 //! the slots keep everyone out (1024 idle sockets kept a client with the right token
@@ -31,12 +34,12 @@
 //! Evictions and refusals are logged here, each kind at most once per
 //! [`LOG_EVERY`](crate::throttle::LOG_EVERY) with a count of the rest.
 
-use crate::sync::lock;
+use crate::sync::{lock, wait_timeout_while};
 use crate::throttle::{and_more, Throttle, LOG_EVERY};
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv6Addr};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 use thiserror::Error;
 
 /// The bounds of an [`Admission`].
@@ -111,6 +114,8 @@ pub struct Admission {
     /// What "pending" means for this server, in log lines.
     pending_means: &'static str,
     state: Mutex<State>,
+    /// Notified when a connection's slot is freed (its ticket dropped).
+    freed: Condvar,
     evictions: Throttle,
     refusals: Throttle,
 }
@@ -167,6 +172,7 @@ impl Admission {
             name,
             pending_means,
             state: Mutex::new(State::default()),
+            freed: Condvar::new(),
             evictions: Throttle::new(LOG_EVERY),
             refusals: Throttle::new(LOG_EVERY),
         })
@@ -181,10 +187,26 @@ impl Admission {
     /// this connection is closed should it be evicted in turn. Refused only at the
     /// ceiling (logged here).
     pub fn admit(self: &Arc<Self>, peer: IpAddr, close: Closer) -> Result<Ticket, Refused> {
+        self.admit_within(peer, close, Duration::ZERO)
+    }
+
+    /// As [`Admission::admit`], waiting up to `wait` at the ceiling for the threads
+    /// of connections closed to make room to end. For a caller whose waiting holds
+    /// up nothing that frees slots (an accepting thread, not a server's only one).
+    pub fn admit_within(
+        self: &Arc<Self>,
+        peer: IpAddr,
+        close: Closer,
+        wait: Duration,
+    ) -> Result<Ticket, Refused> {
         let source = Source::of(peer);
+        let ceiling = self.caps.ceiling();
         let (evicted, why, seq) = {
             let mut st = lock(&self.state);
-            if st.live >= self.caps.ceiling() {
+            if st.live >= ceiling && !wait.is_zero() {
+                st = wait_timeout_while(&self.freed, st, wait, |st| st.live >= ceiling).0;
+            }
+            if st.live >= ceiling {
                 let live = st.live;
                 drop(st);
                 if let Some(n) = self.refusals.check() {
@@ -336,6 +358,8 @@ impl Drop for Ticket {
             st.take_pending(self.seq);
         }
         st.live -= 1;
+        drop(st);
+        self.admission.freed.notify_one();
     }
 }
 

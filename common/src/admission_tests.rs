@@ -145,3 +145,24 @@ fn closing_the_pending_connections_leaves_the_authenticated_ones() {
         }
     );
 }
+
+#[test]
+fn at_the_ceiling_a_newcomer_waits_for_a_closed_connection_to_end() {
+    // Ceiling: 1 authenticated + 2 * 1 pending = 3 live.
+    let a = Admission::new(caps(1, 1, 1), "test", "unproven");
+    let mut held: Vec<Conn> = (1..=3).map(|i| admit(&a, ip(i)).unwrap()).collect();
+    assert_eq!(a.counts().live, 3);
+    assert!(matches!(admit(&a, ip(4)), Err(Refused::Ceiling { .. })));
+    // A closed connection's thread ends a moment later: the waiting newcomer gets in.
+    let ending = held.remove(0);
+    let ends = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        drop(ending);
+    });
+    let waited = a.admit_within(ip(5), Box::new(|| {}), Duration::from_secs(10));
+    assert!(waited.is_ok(), "{:?}", waited.err());
+    ends.join().unwrap();
+    // Nothing ends: the wait runs out and it is refused.
+    let refused = a.admit_within(ip(6), Box::new(|| {}), Duration::from_millis(20));
+    assert!(matches!(refused, Err(Refused::Ceiling { .. })));
+}

@@ -39,6 +39,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// How long a new connection waits at the ceiling for the threads of connections
+/// closed to make room to end (see `crate::admission`).
+const CEILING_WAIT: Duration = Duration::from_secs(1);
 /// Descriptors a connection holds: its socket, and the clone that lets shutdown
 /// and eviction close it from another thread.
 const FDS_PER_CONNECTION: usize = 2;
@@ -218,7 +221,10 @@ fn accept_loop(listener: TcpListener, services: Arc<Services>) {
         // Admitted (or refused, logged there) before anything is spent on it; the
         // stream's clone is in `streams` before another admission can evict it (the
         // admissions are all this thread's).
-        let Ok(ticket) = services.admission.admit(peer_addr.ip(), close) else {
+        let Ok(ticket) = services
+            .admission
+            .admit_within(peer_addr.ip(), close, CEILING_WAIT)
+        else {
             continue;
         };
         lock(&services.streams).insert(conn_id, clone);
