@@ -75,9 +75,11 @@ fn a_second_token_holder_cannot_act_as_the_volume_holder_nor_use_its_rkeys() {
             "the refused connection serves nothing"
         );
     }
-    // The root's rkey, however learnt, is the holder's only.
+    // The root's rkey, however learnt, is the holder's only. Each access on a fresh
+    // connection: over verbs a remote access error puts the queue pair in its error
+    // state, as on any RDMA NIC.
     let mut stolen = vec![0u8; secret.len()];
-    let read = intruder.execute(&mut [RdmaOp::Read {
+    let read = memnode.client().0.execute(&mut [RdmaOp::Read {
         local: &mut stolen,
         remote: root,
     }]);
@@ -85,7 +87,7 @@ fn a_second_token_holder_cannot_act_as_the_volume_holder_nor_use_its_rkeys() {
         matches!(read[0], Err(FabricError::RemoteAccess { .. })),
         "a READ with the holder's rkey must fail with a remote access error, got {read:?}"
     );
-    let write = intruder.execute(&mut [RdmaOp::Write {
+    let write = memnode.client().0.execute(&mut [RdmaOp::Write {
         local: &[0xee; 64],
         remote: root,
     }]);
@@ -94,7 +96,7 @@ fn a_second_token_holder_cannot_act_as_the_volume_holder_nor_use_its_rkeys() {
         "a WRITE with the holder's rkey must fail with a remote access error, got {write:?}"
     );
     // Opening the held volume without a takeover is Busy, as for any other client.
-    let busy = control::volume_open(&*intruder, "home", false, false);
+    let busy = control::volume_open(&*memnode.client().0, "home", false, false);
     assert!(
         matches!(&busy, Err(e) if e.is_busy()),
         "the held volume is busy for the intruder: {busy:?}"
