@@ -30,6 +30,7 @@
 //! invisible to everyone, until the tenant is listed again.
 
 use rmemfs_common::auth::{proofs_match, token_key, Key};
+use rmemfs_common::protocol::MIN_TOKEN_LEN;
 use rmemfs_common::size::{format_size, parse_size};
 use serde::Deserialize;
 use std::path::Path;
@@ -256,11 +257,19 @@ fn tenant(name: &str, table: toml::Value) -> Result<Tenant, String> {
     }
     let key = match (&e.token_sha256, &e.token_file) {
         (Some(hex), None) => parse_key(hex).map_err(|why| format!("token_sha256: {why}"))?,
-        (None, Some(file)) => token_key(
-            rmemfs_common::token::read_token_file(file)
-                .map_err(|why| format!("token_file: {why}"))?
-                .as_bytes(),
-        ),
+        (None, Some(file)) => {
+            let token = rmemfs_common::token::read_token_file(file)
+                .map_err(|why| format!("token_file: {why}"))?;
+            // The rule `--token` and `--token-file` follow: a short token is guessed.
+            if token.len() < MIN_TOKEN_LEN {
+                return Err(format!(
+                    "token_file: {file} holds a token of {} bytes; a token of fewer than \
+                     {MIN_TOKEN_LEN} is too easily guessed (e.g. head -c 32 /dev/urandom | base64)",
+                    token.len()
+                ));
+            }
+            token_key(token.as_bytes())
+        }
         (None, None) => return Err("no token_sha256 or token_file: it would admit no one".into()),
         (Some(_), Some(_)) => {
             return Err("token_sha256 and token_file: give one token, not two".into())

@@ -69,7 +69,7 @@ fn a_token_file_is_read_for_its_key() {
     let dir = std::env::temp_dir().join(format!("memnode-tenants-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let token = dir.join("carol.token");
-    std::fs::write(&token, "carol's secret\n").unwrap();
+    std::fs::write(&token, "carol's secret, long enough\n").unwrap();
     let text = format!(
         "[[tenant]]\nname = \"carol\"\ntoken_file = {:?}\n",
         token.display().to_string()
@@ -77,8 +77,15 @@ fn a_token_file_is_read_for_its_key() {
     let file = dir.join("tenants.toml");
     std::fs::write(&file, &text).unwrap();
     let t = Tenants::load(&file).expect("loads");
-    assert_eq!(t.find_by_token(b"carol's secret"), Some(0));
+    assert_eq!(t.find_by_token(b"carol's secret, long enough"), Some(0));
     assert_eq!(t.quota(0), Quota::default(), "no quota: no limit");
+
+    // A short token in the file is refused, as `--token-file` refuses it.
+    std::fs::write(&token, "short\n").unwrap();
+    let err = Tenants::load(&file).unwrap_err();
+    for want in ["\"carol\"", "token_file", "5 bytes", "too easily guessed"] {
+        assert!(err.contains(want), "{err:?} should say {want}");
+    }
 
     let missing = dir.join("nope.toml");
     let err = Tenants::load(&missing).unwrap_err();
