@@ -214,23 +214,35 @@ in_dir() { # DIR CMD...
     (cd "$1" && shift && "$@")
 }
 
-cargo_run() ( # MOUNT WORKSPACE
-    local mnt=$1 ws=$2
+# PACKAGE: the workspace package to build with its dependencies, whose binary of the
+# same name then runs; empty for the whole workspace, whose fsd then runs.
+cargo_run() ( # MOUNT WORKSPACE PACKAGE
+    local mnt=$1 ws=$2 pkg=$3
     step new in_dir "$mnt" pcargo new --vcs none hello-rmemfs
     step build in_dir "$mnt/hello-rmemfs" pcargo build --offline
     step run hello_runs "$mnt/hello-rmemfs/target/debug/hello-rmemfs"
     step copy copy_workspace "$ws" "$mnt/workspace"
-    step workspace in_dir "$mnt/workspace" pcargo build --offline --workspace
-    step fsd "$mnt/workspace/target/debug/fsd" --help
+    if [ -n "$pkg" ]; then
+        step workspace in_dir "$mnt/workspace" pcargo build --offline -p "$pkg"
+        step binary "$mnt/workspace/target/debug/$pkg" --help
+    else
+        step workspace in_dir "$mnt/workspace" pcargo build --offline --workspace
+        step binary "$mnt/workspace/target/debug/fsd" --help
+    fi
 )
 
-program_cargo() { # MOUNT WORK LOGS WORKSPACE
-    local mnt=$1 work=$2 log=$3/programs-cargo.log ws=$4 rc=0
-    local times=$work/times-cargo
+program_cargo() { # MOUNT WORK LOGS WORKSPACE PACKAGE
+    local mnt=$1 work=$2 log=$3/programs-cargo.log ws=$4 pkg=$5 rc=0
+    local times=$work/times-cargo what
     : >"$times"
-    cargo_run "$mnt" "$ws" >"$log" 2>&1 || rc=$?
+    if [ -n "$pkg" ]; then
+        what="this workspace's $pkg with its dependencies"
+    else
+        what="this workspace with its dependencies"
+    fi
+    cargo_run "$mnt" "$ws" "$pkg" >"$log" 2>&1 || rc=$?
     if [ "$rc" -eq 0 ]; then
-        program_result cargo ok "cargo new, build $(took build)s, run; this workspace with its dependencies (offline, from the registry) built on the mount $(took workspace)s, its fsd runs"
+        program_result cargo ok "cargo new, build $(took build)s, run; $what (offline, from the registry) built on the mount $(took workspace)s, its ${pkg:-fsd} runs"
     else
         program_result cargo FAILED "log $log"
     fi
@@ -293,8 +305,8 @@ program_acl() { # MOUNT WORK LOGS
     rm -rf "$work/acl-src" "$work/acl-probe" "$work/acl.tar" "$work"/acl-want "$work"/acl-got-* "$work/acl-tar.err"
 }
 
-programs_stage() { # MOUNT WORK LOGS TREE REPO
-    local mnt=$1 work=$2 logs=$3 tree=$4 repo=$5
+programs_stage() { # MOUNT WORK LOGS TREE REPO CARGO_PACKAGE
+    local mnt=$1 work=$2 logs=$3 tree=$4 repo=$5 cargo_package=$6
     log "programs: tar (a copy of $tree)"
     program_tar "$mnt" "$work" "$logs" "$tree"
     log "programs: acl (tar --acls, cp -a, default ACLs)"
@@ -304,5 +316,5 @@ programs_stage() { # MOUNT WORK LOGS TREE REPO
     log "programs: sqlite"
     program_sqlite "$mnt" "$work" "$logs"
     log "programs: cargo"
-    program_cargo "$mnt" "$work" "$logs" "$repo"
+    program_cargo "$mnt" "$work" "$logs" "$repo" "$cargo_package"
 }

@@ -109,8 +109,10 @@ started=$SECONDS
 # ---------------------------------------------------------------------------------
 # Binaries. The test binaries' paths come from cargo's JSON messages (a fresh artifact
 # is reported too, so a second run finds them without rebuilding).
-log "cargo build --release --workspace"
-cargo build --release --workspace
+# --all-targets: the features the test build uses, so nothing is built twice (and
+# scripts/test's build is reused as it is).
+log "cargo build --release --workspace --all-targets"
+cargo build --release --workspace --all-targets
 log "test binaries: cargo test --release --workspace --no-run"
 artifacts="$(mktemp "${TMPDIR:-/tmp}/softroce-e2e.XXXXXX")"
 out="$(mktemp "${TMPDIR:-/tmp}/softroce-e2e.XXXXXX")"
