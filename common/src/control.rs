@@ -147,40 +147,25 @@ pub fn hello_in_session(
         proof: auth::client_proof(&key, &t),
         session: resume.then(|| auth::session_proof(&session, &t)),
     };
-    match call(ep, &prove)? {
-        Response::Welcome {
-            node_id,
-            capacity,
-            features,
-            resumed,
-            boot,
-            proof,
-        } => {
-            let facts = auth::WelcomeFacts {
-                node_id,
-                capacity,
-                features,
-                resumed,
-                boot,
-            };
-            if !auth::proofs_match(&proof, &auth::server_proof(&key, &t, &facts)) {
-                return Err(ControlError::NotProven);
-            }
-            Ok(Welcome {
-                node_id,
-                capacity,
-                features,
-                session: if resumed {
-                    session
-                } else {
-                    auth::session_secret(&key, &t)
-                },
-                resumed,
-                boot,
-            })
-        }
-        other => Err(unexpected("Prove", other)),
+    let reply = call(ep, &prove)?;
+    let Some((facts, proof)) = reply.welcome_facts() else {
+        return Err(unexpected("Prove", reply));
+    };
+    if !auth::proofs_match(&proof, &auth::server_proof(&key, &t, &facts)) {
+        return Err(ControlError::NotProven);
     }
+    Ok(Welcome {
+        node_id: facts.node_id,
+        capacity: facts.capacity,
+        features: facts.features,
+        session: if facts.resumed {
+            session
+        } else {
+            auth::session_secret(&key, &t)
+        },
+        resumed: facts.resumed,
+        boot: facts.boot,
+    })
 }
 
 /// Tells the memnode the session is done (a clean shutdown): its scratch memory goes

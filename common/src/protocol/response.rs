@@ -8,6 +8,7 @@ use super::{
     listing_fits, ErrorCode, NodeStats, ProtocolError, Response, VolumeInfo, VolumeSummary,
     MAX_CHUNKS_PER_REPLY, MAX_ERROR_MESSAGE,
 };
+use crate::auth::{Proof, WelcomeFacts};
 use crate::le;
 
 impl Response {
@@ -16,6 +17,31 @@ impl Response {
         Response::Error {
             code,
             message: message.into(),
+        }
+    }
+
+    /// A Welcome's facts, which its proof covers (`auth::server_proof`), and that
+    /// proof; None for any other response.
+    pub fn welcome_facts(&self) -> Option<(WelcomeFacts, Proof)> {
+        match *self {
+            Response::Welcome {
+                node_id,
+                capacity,
+                features,
+                resumed,
+                boot,
+                proof,
+            } => Some((
+                WelcomeFacts {
+                    node_id,
+                    capacity,
+                    features,
+                    resumed,
+                    boot,
+                },
+                proof,
+            )),
+            _ => None,
         }
     }
 

@@ -115,22 +115,7 @@ fn greet(
         session: resume.then(|| auth::session_proof(&session, &t)),
     };
     let (resp, close) = ask(s, c, &prove);
-    if let Response::Welcome {
-        node_id,
-        capacity,
-        features,
-        resumed,
-        boot,
-        proof,
-    } = resp
-    {
-        let facts = auth::WelcomeFacts {
-            node_id,
-            capacity,
-            features,
-            resumed,
-            boot,
-        };
+    if let Some((facts, proof)) = resp.welcome_facts() {
         assert_eq!(
             proof,
             auth::server_proof(&key, &t, &facts),
@@ -264,23 +249,8 @@ fn without_a_token_any_proof_is_welcome_but_the_memnode_proves_no_token() {
         proof: auth::client_proof(&key, &t),
         session: None,
     };
-    let Response::Welcome {
-        node_id,
-        capacity,
-        features,
-        resumed,
-        boot,
-        proof,
-    } = ask(&s, &mut c, &prove).0
-    else {
+    let Some((facts, proof)) = ask(&s, &mut c, &prove).0.welcome_facts() else {
         panic!("no welcome")
-    };
-    let facts = auth::WelcomeFacts {
-        node_id,
-        capacity,
-        features,
-        resumed,
-        boot,
     };
     assert_ne!(proof, auth::server_proof(&key, &t, &facts));
 }
