@@ -28,6 +28,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 pub mod fault;
+pub mod mapped;
 pub mod tcp;
 #[cfg(feature = "verbs")]
 pub mod verbs;
