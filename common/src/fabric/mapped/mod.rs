@@ -25,7 +25,15 @@
 //!   into files: there the trust boundary is the device, which the docs must say.
 //! - **Revocation.** The memnode cannot take a mapping out of another process, so
 //!   `MemoryRegistry::deregister` cannot promise "no access in flight" as it does
-//!   for tcp and verbs; with a file per chunk it does not need to, as above.
+//!   for tcp and verbs; with a file per chunk it does not need to, as above. The
+//!   registry is where this fits without changing the pool: `register` moves the
+//!   range into a file of its own (a fresh chunk is all zeros, so nothing to copy;
+//!   a volume chunk given to a new holder is copied in) mapped over the region with
+//!   `MAP_FIXED`, and `deregister` maps the region's own memory back over it (copying
+//!   a volume chunk's bytes back) and drops the file: whatever the old client still
+//!   maps then reaches memory no one else sees. For a memnode with `--memory-file`
+//!   those files must live beside it on the same filesystem (a memory directory),
+//!   or a memnode crash would lose registered chunks.
 //! - **Who gets a descriptor.** Only a connection that has finished the Hello (the
 //!   same proofs as over tcp), on the Unix socket beside the memnode's tcp port;
 //!   `SO_PEERCRED` names the process in the logs.
