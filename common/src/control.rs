@@ -154,6 +154,8 @@ pub fn hello_in_session(
     if !auth::proofs_match(&proof, &auth::server_proof(&key, &t, &facts)) {
         return Err(ControlError::NotProven);
     }
+    // Only now, with both sides proven, may the fabric ask for more (a mapping).
+    ep.after_hello()?;
     Ok(Welcome {
         node_id: facts.node_id,
         capacity: facts.capacity,

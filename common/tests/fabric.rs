@@ -35,6 +35,52 @@ const TIMEOUT: Duration = Duration::from_secs(20);
 /// (deregister), `X` (reply and close); anything else is echoed.
 struct TestControl {
     registry: Arc<dyn MemoryRegistry>,
+    arena: Arena,
+}
+
+/// The test server's memory: a memfd mapped shared (so the mapped backend can
+/// offer it), handed out in page-aligned pieces and never reused.
+struct Arena {
+    fd: std::os::fd::OwnedFd,
+    base: u64,
+    len: u64,
+    next: std::sync::atomic::AtomicU64,
+}
+
+const ARENA: u64 = 256 << 20;
+
+impl Arena {
+    fn new() -> Arena {
+        use std::os::fd::AsRawFd;
+        let fd = fabric::mapped::shared::memfd("fabric-test", ARENA).expect("memfd");
+        // SAFETY: a fresh shared mapping of our own file; it is never unmapped (the
+        // fixture's memory must stay mapped while registered, and tests are short).
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                ARENA as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "map the arena");
+        Arena {
+            fd,
+            base: p as u64,
+            len: ARENA,
+            next: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn take(&self, len: u64) -> Option<u64> {
+        let len = len.max(1).next_multiple_of(4096);
+        let at = self
+            .next
+            .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+        (at + len <= self.len).then_some(self.base + at)
+    }
 }
 
 impl ControlHandler for TestControl {
@@ -53,10 +99,10 @@ impl ControlHandler for TestControl {
                     return reply(b"no hello".to_vec());
                 };
                 let len = u32::from_le_bytes(frame[1..5].try_into().unwrap()) as usize;
-                // Leaked: registered memory must stay mapped; tests are short-lived.
-                let buf: &'static mut [u8] = vec![0u8; len].leak();
-                let addr = buf.as_mut_ptr() as u64;
-                // SAFETY: the buffer is leaked, so it stays mapped forever.
+                let Some(addr) = self.arena.take(len as u64) else {
+                    return reply(b"arena full".to_vec());
+                };
+                // SAFETY: the arena is never unmapped.
                 match unsafe { self.registry.register(client, addr, len as u64) } {
                     Ok(rkey) => {
                         let mut out = addr.to_le_bytes().to_vec();
@@ -86,18 +132,40 @@ struct Fixture {
     t: Transport,
     server: Box<dyn Server>,
     peer: String,
+    /// The server memory's file (to cut it short under a mapped reader).
+    arena_fd: std::os::fd::OwnedFd,
 }
 
 fn server() -> Fixture {
-    let t = transport();
-    let listener =
+    server_on(transport())
+}
+
+fn server_on(t: Transport) -> Fixture {
+    let mut listener =
         fabric::bind(t, &listen_addr(), fabric::DEFAULT_POLL).expect("bind the test server");
     let registry = listener.registry();
+    let arena = Arena::new();
+    if t == Transport::Mapped {
+        listener
+            .share_region(fabric::mapped::offer::SharedRegion {
+                fd: arena.fd.try_clone().expect("dup"),
+                offset: 0,
+                base: arena.base,
+                len: arena.len,
+            })
+            .expect("share the arena");
+    }
+    let arena_fd = arena.fd.try_clone().expect("dup");
     let server = listener
-        .serve(Arc::new(TestControl { registry }))
+        .serve(Arc::new(TestControl { registry, arena }))
         .expect("serve");
     let peer = server.local_addr().to_string();
-    Fixture { t, server, peer }
+    Fixture {
+        t,
+        server,
+        peer,
+        arena_fd,
+    }
 }
 
 impl Fixture {
@@ -111,6 +179,7 @@ impl Fixture {
         let mut hello = vec![b'H'];
         hello.extend_from_slice(&client.to_le_bytes());
         assert_eq!(ep.call(&hello).expect("hello"), b"ok");
+        ep.after_hello().expect("after the hello");
         ep
     }
 }
@@ -133,7 +202,7 @@ fn register(ep: &dyn Endpoint, len: u32) -> (RemoteAddr, *mut u8) {
 
 /// The server's memory at `ptr` (same process: the test reads it directly).
 fn server_bytes(ptr: *mut u8, len: usize) -> Vec<u8> {
-    // SAFETY: `ptr` is a leaked, registered buffer of at least `len` bytes.
+    // SAFETY: `ptr` is in the arena, never unmapped, at least `len` bytes.
     unsafe { std::slice::from_raw_parts(ptr, len) }.to_vec()
 }
 
@@ -510,4 +579,113 @@ fn choosing_verbs_without_a_device_names_what_is_missing() {
         .expect_err("verbs without a device");
     assert!(err.to_string().contains("no RDMA device"), "{err}");
     assert_eq!(Transport::Auto.resolve().expect("auto"), Transport::Tcp);
+}
+
+/// A mapped endpoint to `f` that has said hello as `client` and mapped the region.
+fn mapped_client(f: &Fixture, client: u64) -> fabric::mapped::MappedEndpoint {
+    let ep = fabric::mapped::MappedEndpoint::connect(
+        &f.peer,
+        client,
+        TIMEOUT,
+        fabric::DEFAULT_POLL,
+        true,
+    )
+    .expect("connect");
+    let mut hello = vec![b'H'];
+    hello.extend_from_slice(&client.to_le_bytes());
+    assert_eq!(ep.call(&hello).expect("hello"), b"ok");
+    ep.after_hello().expect("the mapping");
+    ep
+}
+
+#[test]
+fn mapped_reads_and_writes_are_copies_of_the_shared_region() {
+    let f = server_on(Transport::Mapped);
+    let ep = mapped_client(&f, 7);
+    assert!(ep.is_mapped(), "a memnode on this host is mapped");
+    let (remote, ptr) = register(&ep, 8192);
+    let data = pattern(8192, 3);
+    write(&ep, &data, remote).expect("WRITE");
+    assert_eq!(
+        server_bytes(ptr, 8192),
+        data,
+        "the bytes are in the server's memory"
+    );
+    assert_eq!(read(&ep, 100, at(remote, 50)).expect("READ"), data[50..150]);
+    // The NIC's checks, made by the copy: bounds, rkey, owner.
+    assert_remote_access(write(&ep, &[1; 16], at(remote, 8190)), "WRITE past the end");
+    let wrong = RemoteAddr {
+        addr: remote.addr,
+        rkey: remote.rkey ^ 1,
+    };
+    assert_remote_access(read(&ep, 16, wrong).map(drop), "READ under a wrong rkey");
+    let other = mapped_client(&f, 8);
+    assert_remote_access(write(&other, &[2; 16], remote), "another client's WRITE");
+    assert_eq!(server_bytes(ptr, 8192), data, "nothing refused was written");
+}
+
+#[test]
+fn a_mapped_write_after_deregistration_is_refused_and_lands_nowhere() {
+    let f = server_on(Transport::Mapped);
+    let ep = mapped_client(&f, 7);
+    let (remote, ptr) = register(&ep, 4096);
+    write(&ep, &[1; 16], remote).expect("WRITE while registered");
+    let mut req = vec![b'D'];
+    req.extend_from_slice(&remote.rkey.to_le_bytes());
+    assert_eq!(ep.call(&req).expect("deregister"), b"ok");
+    assert_remote_access(write(&ep, &[2; 16], remote), "WRITE after deregistration");
+    assert_eq!(server_bytes(ptr, 16), vec![1; 16]);
+}
+
+#[test]
+fn a_region_cut_short_under_a_mapped_reader_is_an_error_not_a_crash() {
+    use std::os::fd::AsRawFd;
+    let f = server_on(Transport::Mapped);
+    let ep = mapped_client(&f, 7);
+    let (remote, _) = register(&ep, 4096);
+    write(&ep, &[9; 64], remote).expect("WRITE");
+    // SAFETY: truncating the test's own memfd; nothing in this process touches the
+    // arena's pages after this but the guarded copy below.
+    assert_eq!(unsafe { libc::ftruncate(f.arena_fd.as_raw_fd(), 0) }, 0);
+    let r = read(&ep, 64, remote);
+    assert!(
+        matches!(r, Err(FabricError::Disconnected { .. })),
+        "a READ of lost pages: {r:?}"
+    );
+    assert!(!ep.is_connected(), "the mapping is known broken");
+}
+
+#[test]
+fn a_memnode_that_shares_nothing_cannot_be_mapped_but_auto_uses_tcp() {
+    let f = server_on(Transport::Tcp);
+    let required =
+        fabric::mapped::MappedEndpoint::connect(&f.peer, 7, TIMEOUT, fabric::DEFAULT_POLL, true)
+            .expect("connect");
+    let mut hello = vec![b'H'];
+    hello.extend_from_slice(&7u64.to_le_bytes());
+    assert_eq!(required.call(&hello).expect("hello"), b"ok");
+    let e = required
+        .after_hello()
+        .expect_err("--transport mapped to a tcp-only server");
+    assert!(e.to_string().contains("shares no memory"), "{e}");
+    let auto = fabric::connect(Transport::Auto, &f.peer, 7, TIMEOUT, fabric::DEFAULT_POLL)
+        .expect("connect");
+    assert_eq!(auto.call(&hello).expect("hello"), b"ok");
+    auto.after_hello().expect("auto falls back to tcp");
+    let (remote, ptr) = register(&*auto, 4096);
+    write(&*auto, &[5; 32], remote).expect("WRITE over tcp");
+    assert_eq!(server_bytes(ptr, 32), vec![5; 32]);
+}
+
+#[test]
+fn a_mapped_client_whose_server_stops_fails_at_once() {
+    let mut f = server_on(Transport::Mapped);
+    let ep = mapped_client(&f, 7);
+    let (remote, _) = register(&ep, 4096);
+    f.server.shutdown();
+    let r = write(&ep, &[6; 16], remote);
+    assert!(
+        matches!(r, Err(FabricError::Disconnected { .. })),
+        "a mapped WRITE after the server stopped: {r:?}"
+    );
 }

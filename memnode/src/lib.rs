@@ -201,11 +201,16 @@ impl Memnode {
                 transport: cfg.transport,
                 error,
             })?;
-        let transport_choice = transport.describe_choice();
+        let mut transport_choice = transport.describe_choice();
         log::info!("transport {transport_choice}");
-        let listener = fabric::bind_with(transport, &cfg.listen, cfg.poll, cfg.connections)
+        let mut listener = fabric::bind_with(transport, &cfg.listen, cfg.poll, cfg.connections)
             .map_err(MemnodeError::Bind)?;
+        let share = sharing(cfg.transport, transport, cfg.tenants.is_some())?;
         let (region, file) = match &cfg.memory_file {
+            None if share => (
+                region::Region::reserve_shareable(cfg.size, cfg.huge_pages)?,
+                None,
+            ),
             None => (region::Region::reserve(cfg.size, cfg.huge_pages)?, None),
             Some(mf) => {
                 if cfg.huge_pages {
@@ -221,6 +226,9 @@ impl Memnode {
                 )
             }
         };
+        if share && share_region(listener.as_mut(), &region, cfg.transport)? {
+            transport_choice.push_str(", its region mapped by clients on this host");
+        }
         let region = Arc::new(region);
         let pool = Arc::new(pool::ChunkPool::new(region.clone(), listener.registry()));
         let node_id = match &file {
@@ -344,6 +352,66 @@ pub(crate) fn random_node_id() -> Result<u64, MemnodeError> {
             Ok(0) => continue,
             Ok(id) => return Ok(id),
             Err(e) => return Err(MemnodeError::Random(e.to_string())),
+        }
+    }
+}
+
+/// Whether the region is shared by mapping with clients on this host: always with
+/// `--transport mapped` (refused with a tenants file), by default when `auto` came
+/// down to tcp and no tenants file divides the region, never with `tcp` or `verbs`.
+///
+/// The trust boundary: a client given the region's descriptor can reach all of it
+/// (the grants it checks are kept by its own code), so only processes of the
+/// memnode's own user, or root, get it; they could read the memnode's memory
+/// through /proc anyway. Tenants are kept apart by rkeys, which a mapping does not
+/// enforce, so a memnode with a tenants file shares nothing.
+fn sharing(asked: Transport, resolved: Transport, tenants: bool) -> Result<bool, MemnodeError> {
+    match (asked, resolved) {
+        (Transport::Mapped, _) if tenants => Err(MemnodeError::Transport {
+            transport: asked,
+            error: FabricError::Invalid(
+                "a mapping reaches the whole region, so it cannot keep tenants apart; \
+                 use tcp with a tenants file"
+                    .into(),
+            ),
+        }),
+        (Transport::Mapped, _) => Ok(true),
+        (Transport::Auto, Transport::Tcp) => Ok(!tenants),
+        _ => Ok(false),
+    }
+}
+
+/// Offers `region` by mapping on `listener`; whether it is. Fatal with `--transport
+/// mapped`; with `auto`, a warning, and clients on this host use tcp.
+fn share_region(
+    listener: &mut dyn fabric::Listener,
+    region: &region::Region,
+    asked: Transport,
+) -> Result<bool, MemnodeError> {
+    let shared = match region.shared_file() {
+        Some(Ok((fd, offset))) => listener.share_region(fabric::mapped::offer::SharedRegion {
+            fd,
+            offset,
+            base: region.base(),
+            len: region.len(),
+        }),
+        Some(Err(e)) => Err(FabricError::Local(format!(
+            "cannot share the region's file: {e}"
+        ))),
+        None => Err(FabricError::Local("the region is not a file".into())),
+    };
+    match shared {
+        Ok(()) => {
+            log::info!("clients of this user on this host map the region (the mapped fabric)");
+            Ok(true)
+        }
+        Err(error) if asked == Transport::Mapped => Err(MemnodeError::Transport {
+            transport: asked,
+            error,
+        }),
+        Err(e) => {
+            log::warn!("the region is not shared by mapping ({e}); clients on this host use tcp");
+            Ok(false)
         }
     }
 }

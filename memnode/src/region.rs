@@ -72,6 +72,12 @@ pub struct Region {
     huge: bool,
     /// A shared mapping of a memory file (zeroed by writing zeros).
     shared: bool,
+    /// The file behind a shared mapping and the offset of the region in it, to
+    /// offer to clients on this host (the mapped fabric).
+    file: Option<(std::os::fd::OwnedFd, u64)>,
+    /// A memfd of our own: whole pages are zeroed by punching them out of the file,
+    /// which returns them to the OS for every mapping of it.
+    punch: bool,
 }
 
 // SAFETY: `Region` owns its mapping outright (nothing else unmaps it) and only ever
@@ -131,7 +137,44 @@ impl Region {
             granularity,
             huge,
             shared: false,
+            file: None,
+            punch: false,
         }
+    }
+
+    /// As [`Region::reserve`], but the memory is a memfd mapped shared, so that it
+    /// can be offered to clients on this host by descriptor (the mapped fabric).
+    /// Huge pages are a hugetlb memfd, with the same fallback as `reserve`.
+    pub fn reserve_shareable(size: u64, huge_pages: bool) -> Result<Region, RegionError> {
+        let mut tries: Vec<(u64, libc::c_uint)> = Vec::new();
+        if huge_pages && size >= HUGE_PAGE {
+            tries.push((HUGE_PAGE, libc::MFD_HUGETLB | libc::MFD_HUGE_2MB));
+        }
+        tries.push((system_page_size(), 0));
+        let mut last = None;
+        for (page, flags) in tries {
+            let len = size - size % page;
+            if len == 0 {
+                return Err(RegionError::TooSmall { size, page });
+            }
+            match memfd_region(len, page, flags) {
+                Ok(r) => return Ok(r),
+                Err(e) => {
+                    if page == HUGE_PAGE {
+                        log::warn!("a hugetlb memory file is unavailable ({e}); falling back to normal pages");
+                    }
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.expect("at least one try"))
+    }
+
+    /// The file behind the region and the region's offset in it, for clients to
+    /// map; `None` for anonymous memory.
+    pub fn shared_file(&self) -> Option<std::io::Result<(std::os::fd::OwnedFd, u64)>> {
+        let (fd, offset) = self.file.as_ref()?;
+        Some(fd.try_clone().map(|fd| (fd, *offset)))
     }
 
     /// Maps `len` bytes of `file` from `offset` shared, read/write, at exactly `base`
@@ -190,6 +233,16 @@ impl Region {
                 granularity > system_page_size(),
             );
             r.shared = true;
+            r.file = Some((
+                file.try_clone()
+                    .map_err(|source| RegionError::MapFile {
+                        size: len,
+                        base: *want,
+                        source,
+                    })?
+                    .into(),
+                offset,
+            ));
             return Ok(r);
         }
         Err(RegionError::MapFile {
@@ -283,6 +336,15 @@ impl Region {
         let start = self.check(offset, len_usize)?;
         let end = start + len_usize;
         let page = self.granularity as usize;
+        if self.punch {
+            let inner_start = start.div_ceil(page) * page;
+            let inner_end = end / page * page;
+            if inner_start < inner_end && self.punch_out(inner_start, inner_end) {
+                self.fill_zero(start, inner_start);
+                self.fill_zero(inner_end, end);
+                return Ok(());
+            }
+        }
         if self.shared {
             self.fill_zero(start, end);
             return Ok(());
@@ -312,6 +374,39 @@ impl Region {
         }
         self.fill_zero(start, end);
         Ok(())
+    }
+
+    /// Punches `[start, end)` (whole pages, checked) out of the memfd: they read as
+    /// zero in every mapping and their memory goes back to the OS. False if the
+    /// filesystem refused.
+    fn punch_out(&self, start: usize, end: usize) -> bool {
+        use std::os::fd::AsRawFd;
+        let Some((fd, offset)) = &self.file else {
+            return false;
+        };
+        let (Ok(at), Ok(n)) = (
+            libc::off_t::try_from(*offset + start as u64),
+            libc::off_t::try_from(end - start),
+        ) else {
+            return false;
+        };
+        // SAFETY: a valid descriptor; punching only changes the file's contents, which
+        // the caller owns in this range.
+        let rc = unsafe {
+            libc::fallocate(
+                fd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                at,
+                n,
+            )
+        };
+        if rc != 0 {
+            log::debug!(
+                "fallocate(PUNCH_HOLE) failed ({}); zeroing by hand",
+                std::io::Error::last_os_error()
+            );
+        }
+        rc == 0
     }
 
     /// Writes zeros over `[start, end)`, already checked to be inside the mapping.
@@ -373,6 +468,53 @@ fn random_base(len: u64) -> Option<u64> {
     let span = HIGH.checked_sub(LOW + len.next_multiple_of(ALIGN))? / ALIGN;
     let r = getrandom::u64().ok()?;
     Some(LOW + (r % span.max(1)) * ALIGN)
+}
+
+/// A fresh memfd of `len` bytes (`flags` adds hugetlb) mapped shared.
+fn memfd_region(len: u64, page: u64, flags: libc::c_uint) -> Result<Region, RegionError> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let err = |source: std::io::Error| RegionError::Map { size: len, source };
+    let len_usize = usize::try_from(len).map_err(|_| RegionError::TooLarge(len))?;
+    let size = libc::off_t::try_from(len).map_err(|_| RegionError::TooLarge(len))?;
+    // SAFETY: a valid C string and flags; the result is checked.
+    let fd = unsafe { libc::memfd_create(c"rmemfs-region".as_ptr(), libc::MFD_CLOEXEC | flags) };
+    if fd < 0 {
+        return Err(err(std::io::Error::last_os_error()));
+    }
+    // SAFETY: just returned by memfd_create, owned by no one else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: a valid descriptor; the result is checked.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
+        return Err(err(std::io::Error::last_os_error()));
+    }
+    // A hugetlb mapping is reserved up front (no MAP_NORESERVE), so a pool that runs
+    // dry fails here rather than with a SIGBUS on first touch (see the module docs).
+    let noreserve = if flags & libc::MFD_HUGETLB != 0 {
+        0
+    } else {
+        libc::MAP_NORESERVE
+    };
+    // SAFETY: a fresh shared mapping of our own file at an address of the kernel's
+    // choosing cannot overlap any Rust object.
+    let p = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            len_usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | noreserve,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(err(std::io::Error::last_os_error()));
+    }
+    let ptr = NonNull::new(p.cast::<u8>())
+        .ok_or_else(|| err(std::io::Error::other("mmap returned a null mapping")))?;
+    let mut r = Region::new(ptr, len_usize, page, page > system_page_size());
+    r.file = Some((fd, 0));
+    r.punch = true;
+    Ok(r)
 }
 
 /// mmaps `len` bytes of private anonymous read/write memory with `extra` flags;

@@ -168,6 +168,13 @@ pub trait Endpoint: Send + Sync {
     fn is_busy(&self) -> bool {
         false
     }
+
+    /// Called once the Hello on this connection has succeeded (the peer proved
+    /// itself): the mapped backend asks for the memnode's region here. Others have
+    /// nothing to do.
+    fn after_hello(&self) -> Result<(), FabricError> {
+        Ok(())
+    }
 }
 
 /// The passive side's memory registration, what `ibv_reg_mr` is on a NIC: a range of
@@ -193,6 +200,15 @@ pub trait MemoryRegistry: Send + Sync {
 pub trait Listener: Send {
     fn local_addr(&self) -> SocketAddr;
     fn registry(&self) -> Arc<dyn MemoryRegistry>;
+    /// Offers `region` (memory of this process that is a shared mapping of a file)
+    /// to clients on this host, by mapping (the mapped backend). Before anything is
+    /// registered. Backends that cannot say so.
+    fn share_region(&mut self, region: mapped::offer::SharedRegion) -> Result<(), FabricError> {
+        let _ = region;
+        Err(FabricError::Invalid(
+            "this transport cannot share memory by mapping".into(),
+        ))
+    }
     /// Starts accepting and serving connections on background threads.
     fn serve(self: Box<Self>, control: Arc<dyn ControlHandler>)
         -> std::io::Result<Box<dyn Server>>;
@@ -209,10 +225,14 @@ pub trait Server: Send {
 /// Which backend carries the fabric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Transport {
-    /// verbs when this host has an RDMA device, tcp otherwise.
+    /// verbs when this host has an RDMA device (and the peer is not on loopback);
+    /// otherwise tcp, mapped where the memnode is on this host and shares its region.
     Auto,
     Tcp,
     Verbs,
+    /// tcp for control, READ and WRITE as copies into the region of a memnode on this
+    /// host (`mapped`); a memnode that cannot be mapped is an error.
+    Mapped,
 }
 
 impl std::str::FromStr for Transport {
@@ -222,8 +242,9 @@ impl std::str::FromStr for Transport {
             "auto" => Ok(Transport::Auto),
             "tcp" => Ok(Transport::Tcp),
             "verbs" => Ok(Transport::Verbs),
+            "mapped" => Ok(Transport::Mapped),
             _ => Err(format!(
-                "unknown transport {s:?}: expected auto, verbs or tcp"
+                "unknown transport {s:?}: expected auto, verbs, tcp or mapped"
             )),
         }
     }
@@ -235,6 +256,7 @@ impl std::fmt::Display for Transport {
             Transport::Auto => "auto",
             Transport::Tcp => "tcp",
             Transport::Verbs => "verbs",
+            Transport::Mapped => "mapped",
         })
     }
 }
@@ -246,6 +268,7 @@ impl Transport {
     pub fn resolve(self) -> Result<Transport, FabricError> {
         match self {
             Transport::Tcp => Ok(Transport::Tcp),
+            Transport::Mapped => Ok(Transport::Mapped),
             Transport::Verbs => {
                 verbs_device()?;
                 Ok(Transport::Verbs)
@@ -259,6 +282,9 @@ impl Transport {
 
     /// Why `auto` picked what it picked, for the log line saying which was chosen.
     pub fn describe_choice(self) -> String {
+        if matches!(self, Transport::Tcp | Transport::Mapped) {
+            return self.to_string();
+        }
         match verbs_device() {
             Ok(dev) => format!("{self} (RDMA device {dev})"),
             Err(e) => format!("{self} ({e})"),
@@ -336,12 +362,17 @@ pub fn connect(
     match resolve_for(transport, peer)? {
         #[cfg(feature = "verbs")]
         Transport::Verbs => verbs::VerbsEndpoint::connect(peer, client_id, timeout),
-        _ => {
-            let _ = client_id;
-            Ok(Box::new(
-                tcp::TcpEndpoint::connect(peer, timeout)?.with_poll(poll),
-            ))
-        }
+        Transport::Mapped => Ok(Box::new(mapped::MappedEndpoint::connect(
+            peer, client_id, timeout, poll, true,
+        )?)),
+        // auto without verbs: tcp, mapped where the memnode turns out to be on this
+        // host and shares its region.
+        _ if transport == Transport::Auto => Ok(Box::new(mapped::MappedEndpoint::connect(
+            peer, client_id, timeout, poll, false,
+        )?)),
+        _ => Ok(Box::new(
+            tcp::TcpEndpoint::connect(peer, timeout)?.with_poll(poll),
+        )),
     }
 }
 

@@ -47,7 +47,9 @@ pub(super) fn memnodes(
             token: Some(token.clone()),
             tenants: None,
             huge_pages: false,
-            transport,
+            // As asked, not resolved: with auto it shares its region by mapping, and
+            // this fsd (auto too) maps it.
+            transport: opts.transport,
             poll,
             lease: memnode::DEFAULT_LEASE,
             session_grace: memnode::DEFAULT_SESSION_GRACE,
@@ -62,9 +64,10 @@ pub(super) fn memnodes(
             );
         }
         log::info!(
-            "no --memnode given: embedded memnode of {} on {} over {transport}",
+            "no --memnode given: embedded memnode of {} on {} over {}",
             format_size(opts.embedded_size),
-            node.local_addr()
+            node.local_addr(),
+            node.transport_choice()
         );
         memnodes.push(node.local_addr().to_string());
         Some(node)

@@ -40,5 +40,11 @@
 //! - **`--transport auto`** picks mapped when the memnode is on this host (its Unix
 //!   socket answers) and the embedded memnode of `scripts/run` uses it.
 
+pub mod endpoint;
+pub mod grants;
 pub mod guard;
+pub mod offer;
 pub mod pass;
+pub mod shared;
+
+pub use endpoint::MappedEndpoint;

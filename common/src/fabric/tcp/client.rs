@@ -498,6 +498,55 @@ fn requests_of(ops: &[RdmaOp<'_>]) -> Vec<std::ops::Range<usize>> {
 }
 
 impl TcpEndpoint {
+    /// Sends one two-sided request of kind `op` (a control frame, or the fabric's
+    /// own `OP_MAP`) and returns the peer's reply.
+    pub(crate) fn request(&self, op: u8, frame: &[u8]) -> Result<Vec<u8>, FabricError> {
+        if frame.len() > MAX_CONTROL_FRAME {
+            return Err(FabricError::Invalid(format!(
+                "control frame of {} bytes exceeds {MAX_CONTROL_FRAME}",
+                frame.len()
+            )));
+        }
+        let mut io = self.take_io()?;
+        let deadline = Instant::now() + self.timeout;
+        let wr_id = io.next_wr_id;
+        io.next_wr_id += 1;
+        let h = RequestHeader {
+            op,
+            len: frame.len() as u32,
+            wr_id,
+            addr: 0,
+            rkey: 0,
+        };
+        if let Err(e) = io.send(&[(h, vec![frame])]) {
+            return Err(self.kill(format!("write failed: {e}")));
+        }
+        let c = io.header_by(deadline).map_err(|e| self.rx_failed(e))?;
+        if c.wr_id != wr_id {
+            return Err(self.kill(format!("completion for unknown work request {}", c.wr_id)));
+        }
+        let len = c.len as usize;
+        match c.status {
+            STATUS_OK if len <= MAX_CONTROL_FRAME => {
+                let mut reply = vec![0u8; len];
+                io.read_exact_by(&mut reply, deadline)
+                    .map_err(|e| self.rx_failed(e))?;
+                Ok(reply)
+            }
+            STATUS_OK => Err(self.kill(format!(
+                "control reply of {len} bytes exceeds {MAX_CONTROL_FRAME}"
+            ))),
+            status => {
+                let refused = FabricError::RemoteAccess {
+                    addr: 0,
+                    rkey: 0,
+                    len: frame.len(),
+                };
+                Err(self.failed_op(&mut io, status, len, refused, deadline)?)
+            }
+        }
+    }
+
     /// Sends `ops` as runs of one kind, one run after another, filling `results`;
     /// the error that ended the connection, if one did.
     fn execute_runs(
@@ -551,50 +600,7 @@ impl Endpoint for TcpEndpoint {
     }
 
     fn call(&self, frame: &[u8]) -> Result<Vec<u8>, FabricError> {
-        if frame.len() > MAX_CONTROL_FRAME {
-            return Err(FabricError::Invalid(format!(
-                "control frame of {} bytes exceeds {MAX_CONTROL_FRAME}",
-                frame.len()
-            )));
-        }
-        let mut io = self.take_io()?;
-        let deadline = Instant::now() + self.timeout;
-        let wr_id = io.next_wr_id;
-        io.next_wr_id += 1;
-        let h = RequestHeader {
-            op: OP_SEND,
-            len: frame.len() as u32,
-            wr_id,
-            addr: 0,
-            rkey: 0,
-        };
-        if let Err(e) = io.send(&[(h, vec![frame])]) {
-            return Err(self.kill(format!("write failed: {e}")));
-        }
-        let c = io.header_by(deadline).map_err(|e| self.rx_failed(e))?;
-        if c.wr_id != wr_id {
-            return Err(self.kill(format!("completion for unknown work request {}", c.wr_id)));
-        }
-        let len = c.len as usize;
-        match c.status {
-            STATUS_OK if len <= MAX_CONTROL_FRAME => {
-                let mut reply = vec![0u8; len];
-                io.read_exact_by(&mut reply, deadline)
-                    .map_err(|e| self.rx_failed(e))?;
-                Ok(reply)
-            }
-            STATUS_OK => Err(self.kill(format!(
-                "control reply of {len} bytes exceeds {MAX_CONTROL_FRAME}"
-            ))),
-            status => {
-                let refused = FabricError::RemoteAccess {
-                    addr: 0,
-                    rkey: 0,
-                    len: frame.len(),
-                };
-                Err(self.failed_op(&mut io, status, len, refused, deadline)?)
-            }
-        }
+        self.request(OP_SEND, frame)
     }
 
     fn peer(&self) -> &str {

@@ -7,6 +7,7 @@
 
 use super::registry::TcpRegistry;
 use super::server::TcpServer;
+use crate::fabric::mapped::offer::{MapOffer, SharedRegion};
 use crate::fabric::{
     ConnectionLimits, ControlHandler, FabricError, Listener, MemoryRegistry, Server,
 };
@@ -63,6 +64,12 @@ impl TcpListener {
 impl Listener for TcpListener {
     fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    fn share_region(&mut self, region: SharedRegion) -> Result<(), FabricError> {
+        let offer = MapOffer::start(region)
+            .map_err(|e| FabricError::Local(format!("cannot offer the region by mapping: {e}")))?;
+        self.registry.share(offer)
     }
 
     fn registry(&self) -> Arc<dyn MemoryRegistry> {

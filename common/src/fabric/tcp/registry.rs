@@ -19,10 +19,11 @@
 //! promises the range stays mapped readable and writable until deregistration has
 //! returned, and an access runs only while its registration is in the table.
 
+use crate::fabric::mapped::offer::MapOffer;
 use crate::fabric::{AccessError, FabricError, MemoryRegistry};
 use crate::sync::{lock, read, write};
 use std::collections::HashMap;
-use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Where rkeys come from; `None` when no randomness is available.
 pub type KeySource = Box<dyn FnMut() -> Option<u32> + Send>;
@@ -45,6 +46,9 @@ struct Registration {
 pub struct TcpRegistry {
     table: RwLock<HashMap<u32, Registration>>,
     keys: Mutex<KeySource>,
+    /// The region shared by mapping, when the memnode shares one: registrations in
+    /// it are filed as grants for mapped clients, and revoked from them too.
+    offer: OnceLock<Arc<MapOffer>>,
 }
 
 impl std::fmt::Debug for TcpRegistry {
@@ -72,7 +76,26 @@ impl TcpRegistry {
         TcpRegistry {
             table: RwLock::new(HashMap::new()),
             keys: Mutex::new(keys),
+            offer: OnceLock::new(),
         }
+    }
+
+    /// Shares registrations inside `offer`'s region with mapped clients from now
+    /// on (once; before any registration).
+    pub fn share(&self, offer: Arc<MapOffer>) -> Result<(), FabricError> {
+        if !self.is_empty() {
+            return Err(FabricError::Invalid(
+                "a region is shared before anything is registered".into(),
+            ));
+        }
+        self.offer
+            .set(offer)
+            .map_err(|_| FabricError::Invalid("a region is shared already".into()))
+    }
+
+    /// The mapped region's offer, if one is shared.
+    pub fn offer(&self) -> Option<&Arc<MapOffer>> {
+        self.offer.get()
     }
 
     // Poisoning cannot leave the map half-updated (every update is one insert or
@@ -191,10 +214,18 @@ impl MemoryRegistry for TcpRegistry {
         let mut table = self.write_table();
         let rkey = self.fresh_key(&table)?;
         table.insert(rkey, Registration { owner, addr, end });
+        drop(table);
+        if let Some(offer) = self.offer() {
+            offer.granted(rkey, owner, addr, len);
+        }
         Ok(rkey)
     }
 
     fn deregister(&self, rkey: u32) {
+        // Mapped clients first: when this returns, no copy of theirs is in flight.
+        if let Some(offer) = self.offer() {
+            offer.revoked(rkey);
+        }
         // The write lock waits out every access holding the read lock.
         self.write_table().remove(&rkey);
     }

@@ -170,6 +170,9 @@ impl Server for TcpServer {
         for t in threads {
             let _ = t.join();
         }
+        if let Some(offer) = self.services.registry.offer() {
+            offer.shutdown();
+        }
     }
 }
 
@@ -237,6 +240,9 @@ fn accept_loop(listener: TcpListener, services: Arc<Services>) {
                 let mut conn = ConnectionState::new(conn_id, peer);
                 let served = serve(stream, &mut conn, &s, &mut ticket, accepted);
                 log_end(&conn, &ticket, served, &s);
+                if let Some(offer) = s.registry.offer() {
+                    offer.connection_closed(conn_id);
+                }
                 s.control.disconnected(&conn);
                 lock(&s.streams).remove(&conn_id);
                 drop(ticket);
@@ -677,6 +683,24 @@ fn serve(
                     }
                 };
                 out.complete(h.wr_id, status, &[])?;
+            }
+            OP_MAP => {
+                if len != 0 {
+                    return Err(format!("map request with a {len}-byte payload"));
+                }
+                let offer = s.registry.offer();
+                let (status, reply) = match (client_of(conn), offer) {
+                    (Err(e), _) => (access_status(e), Vec::new()),
+                    (Ok(_), None) => (
+                        STATUS_BAD_REQUEST,
+                        b"this memnode shares no memory by mapping".to_vec(),
+                    ),
+                    (Ok(c), Some(offer)) => match offer.issue(c, conn.conn_id) {
+                        Ok(reply) => (STATUS_OK, reply),
+                        Err(e) => (STATUS_BAD_REQUEST, e.into_bytes()),
+                    },
+                };
+                out.complete(h.wr_id, status, &reply)?;
             }
             OP_SEND => {
                 if len > MAX_CONTROL_FRAME {

@@ -10,6 +10,10 @@ pub const COMPLETION_HEADER_LEN: usize = 16;
 pub const OP_READ: u8 = 1;
 pub const OP_WRITE: u8 = 2;
 pub const OP_SEND: u8 = 3;
+/// After the Hello: asks for the memnode's mapped region (the mapped backend); the
+/// completion carries a [`crate::fabric::mapped::offer::Offer`], or an error when
+/// none is offered.
+pub const OP_MAP: u8 = 4;
 
 pub const STATUS_OK: u8 = 0;
 pub const STATUS_REMOTE_ACCESS: u8 = 1;
