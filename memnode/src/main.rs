@@ -67,9 +67,11 @@ struct Cli {
     #[arg(long)]
     lock_memory: bool,
 
-    /// Fabric backend: verbs (RDMA), tcp, or auto (verbs when this host has an RDMA
-    /// device, tcp otherwise).
-    #[arg(long, value_name = "auto|verbs|tcp", default_value = "auto", value_parser = Transport::from_str)]
+    /// Fabric backend: verbs (RDMA), tcp, mapped (tcp, and the region shared by
+    /// descriptor with clients of this user on this host, who copy into it), or auto
+    /// (verbs when this host has an RDMA device, otherwise tcp with the region shared
+    /// as with mapped, unless a tenants file divides it).
+    #[arg(long, value_name = "auto|verbs|tcp|mapped", default_value = "auto", value_parser = Transport::from_str)]
     transport: Transport,
 
     /// Microseconds a connection thread polls for a client's next request before it

@@ -641,6 +641,43 @@ mod tests {
     }
 
     #[test]
+    fn a_shareable_region_is_a_file_another_mapping_sees_and_zeroing_punches_it() {
+        use std::os::fd::AsRawFd;
+        let page = system_page_size();
+        let r = Region::reserve_shareable(16 * page, false).expect("memfd region");
+        let (fd, offset) = r.shared_file().expect("a file").expect("dup");
+        assert_eq!(offset, 0);
+        r.write(page, &[7; 100]).expect("in bounds");
+        let mut seen = [0u8; 100];
+        // SAFETY: reads the region's file through its descriptor.
+        let n = unsafe {
+            libc::pread(
+                fd.as_raw_fd(),
+                seen.as_mut_ptr().cast(),
+                100,
+                page as libc::off_t,
+            )
+        };
+        assert_eq!(n, 100);
+        assert_eq!(seen, [7; 100], "the file holds the region's bytes");
+        r.write(0, &vec![1; (16 * page) as usize]).expect("in bounds");
+        r.zero(4 * page + 10, 8 * page).expect("in bounds");
+        let mut back = vec![9u8; (16 * page) as usize];
+        r.read(0, &mut back).expect("in bounds");
+        let zeroed = (4 * page + 10) as usize..(12 * page + 10) as usize;
+        assert!(back[zeroed.clone()].iter().all(|&b| b == 0), "zeroed");
+        assert!(back[..zeroed.start].iter().all(|&b| b == 1), "before kept");
+        assert!(back[zeroed.end..].iter().all(|&b| b == 1), "after kept");
+        assert_eq!(
+            r.resident_pages(5 * page, 7 * page).expect("mincore"),
+            0,
+            "whole pages punched out go back to the OS"
+        );
+        assert!(r.shared_file().is_some());
+        assert!(region(16 * page).shared_file().is_none(), "anonymous memory is no file");
+    }
+
+    #[test]
     fn zero_returns_whole_pages_to_the_os() {
         let page = system_page_size();
         let r = region(16 * page);

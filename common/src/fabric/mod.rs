@@ -175,6 +175,12 @@ pub trait Endpoint: Send + Sync {
     fn after_hello(&self) -> Result<(), FabricError> {
         Ok(())
     }
+
+    /// True when READ and WRITE are copies into a mapping of the memnode's region
+    /// (the mapped backend, once [`Endpoint::after_hello`] mapped it).
+    fn is_mapped(&self) -> bool {
+        false
+    }
 }
 
 /// The passive side's memory registration, what `ibv_reg_mr` is on a NIC: a range of

@@ -84,8 +84,13 @@ pub(super) fn any_over_rdma(opts: &Options, memnodes: &[String]) -> anyhow::Resu
     for m in memnodes {
         let t = fabric::resolve_for(opts.transport, m)?;
         rdma |= t == Transport::Verbs;
+        let maybe_mapped = if opts.transport == Transport::Auto && t == Transport::Tcp {
+            ", mapped if it is on this host and shares its region"
+        } else {
+            ""
+        };
         log::info!(
-            "memnode {m} over {t} (--transport {}: {})",
+            "memnode {m} over {t}{maybe_mapped} (--transport {}: {})",
             opts.transport,
             opts.transport.describe_choice()
         );

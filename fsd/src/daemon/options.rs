@@ -123,8 +123,11 @@ pub struct Options {
     /// Seconds between write-backs of all dirty pages.
     #[arg(long, default_value_t = 5.0)]
     pub flush_interval: f64,
-    /// Fabric to the memnodes: verbs (RDMA), tcp, or auto (verbs when this host has
-    /// an RDMA device and the memnode is not on a loopback address, else tcp).
+    /// Fabric to the memnodes: verbs (RDMA), tcp, mapped (a memnode on this host:
+    /// control over tcp, READ and WRITE copies into its shared region), or auto (verbs
+    /// when this host has an RDMA device and the memnode is not on a loopback
+    /// address, else tcp, mapped where the memnode is on this host and shares its
+    /// region). The embedded memnode is mapped with auto.
     #[arg(long, default_value = "auto", value_parser = clap::value_parser!(Transport))]
     pub transport: Transport,
     /// Microseconds a thread waiting for a memnode's answer polls for it before it

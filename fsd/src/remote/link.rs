@@ -120,6 +120,13 @@ impl Link {
             resumed.get_or_insert(welcome.resumed);
             endpoints.push(ep);
         }
+        let mapped = endpoints.iter().filter(|ep| ep.is_mapped()).count();
+        if mapped > 0 {
+            log::info!(
+                "memnode {name}: {mapped} of {} connections map its region (READ and WRITE are copies)",
+                endpoints.len()
+            );
+        }
         let volume = match &cfg.volume {
             None => None,
             Some(v) => {

@@ -51,7 +51,7 @@ struct Options {
     /// The memnode (HOST:PORT).
     #[arg(long)]
     memnode: String,
-    /// Fabric: verbs (RDMA), tcp, or auto (as fsd's --transport).
+    /// Fabric: verbs (RDMA), tcp, mapped, or auto (as fsd's --transport).
     #[arg(long, default_value = "auto", value_parser = clap::value_parser!(Transport))]
     transport: Transport,
     /// The memnode's --token, if it has one.

@@ -66,11 +66,6 @@ impl MappedEndpoint {
         })
     }
 
-    /// True once READ and WRITE under the memnode's grants are copies.
-    pub fn is_mapped(&self) -> bool {
-        self.mapping.get().is_some()
-    }
-
     fn map(&self) -> Result<Mapping, String> {
         let reply = self
             .tcp
@@ -261,6 +256,10 @@ impl Endpoint for MappedEndpoint {
 
     fn peer(&self) -> &str {
         self.tcp.peer()
+    }
+
+    fn is_mapped(&self) -> bool {
+        self.mapping.get().is_some()
     }
 
     fn is_connected(&self) -> bool {

@@ -409,3 +409,7 @@ fn accept_loop(listener: UnixListener, offer: Weak<MapOffer>) {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "offer_tests.rs"]
+mod tests;
