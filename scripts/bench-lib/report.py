@@ -9,7 +9,7 @@ the runs in a manifest, one tab-separated line each:
     daemon-ticks  memnode-ticks
 
 (status "ok" or a short failure text; the memory and stats columns are "-" except for
-the fsd targets (rmemfs, rmemfs-classic, rmemfs-vol); steal-pct is the share of CPU
+the fsd targets (rmemfs, rmemfs-classic, rmemfs-mapped, rmemfs-vol); steal-pct is the share of CPU
 time the hypervisor took during that run and busy-pct the share that went to work on
 this machine, all CPUs together; wall-s the run's length in seconds; daemon-ticks
 and memnode-ticks "USER,SYS", the clock ticks of CPU time the target's daemon (fsd,
@@ -33,12 +33,15 @@ over rmemfs-classic, the same fsd on /dev/fuse (the ring's gain), and nullfs's o
 nullfs-classic; then whether rmemfs reaches 0.6x of its bound, and 5x sshfs where the
 bound is 5.5x sshfs or more, and for a job below 0.6x what bounds it: the fabric alone
 over nullfs, rmemfs over the fabric alone, rmemfs's CPU time per request over the
-fabric's and nullfs's added) and the metadata jobs (files/s, seconds, latency, rmemfs
-over tmpfs, sshfs, nullfs and rmemfs-classic, plus rmemfs-vol's over rmemfs's: what
-durable metadata costs), and the copy jobs (MB/s, seconds, each target's copy-range
+fabric's and nullfs's added; and rmemfs-mapped, fsd over the mapped fabric (the
+memnode's region mapped in fsd: no fabric under it), over its bound, nullfs, and over
+rmemfs (tcp), with whether it reaches 0.8x of nullfs) and the metadata jobs (files/s,
+seconds, latency, rmemfs over tmpfs, sshfs, nullfs and rmemfs-classic, plus
+rmemfs-vol's over rmemfs's: what durable metadata costs, and rmemfs-mapped's over
+the same and rmemfs's, with whether it reaches 0.8x of nullfs), and the copy jobs (MB/s, seconds, each target's copy-range
 over its copy-rw, which on rmemfs is what serving copy_file_range in remote memory
 gives, and rmemfs over tmpfs, sshfs and rmemfs-classic), writes all of it as JSON
-(rmemfs over every other target too), and draws a bar chart with gnuplot. Any subset of the targets works
+(rmemfs and rmemfs-mapped over every other target too), and draws a bar chart with gnuplot. Any subset of the targets works
 (scripts/bench --only). It reports; it never judges timings: the exit status says
 only whether every run and the chart worked.
 Standard library only, so a stock python3 runs it.
@@ -76,11 +79,21 @@ VOLUME = "rmemfs-vol"
 # What each metadata job counts per second (the table's files/s column).
 META_UNITS = {"create": "files/s", "stat": "stats/s", "unlink": "files/s",
               "untar": "files/s"}
+# rmemfs over the mapped fabric (fsd --transport mapped: the memnode's region mapped
+# in fsd, READ and WRITE copies into it, control over tcp). No fabric under it, so its
+# bound is the ring ceiling, MAPPED_BOUND, in every job; issue 55 holds it to
+# MAPPED_BAR of that in every fio job and in create, stat, unlink and untar (reported,
+# never judged). The JSON divides it by each of MAPPED_BASELINES (mapped_ratios).
+MAPPED = "rmemfs-mapped"
+MAPPED_BOUND = "nullfs"
+MAPPED_BAR = 0.8
+MAPPED_BASELINES = ("nullfs", "rmemfs", "rmemfs-classic", "tmpfs", "sshfs",
+                    "nullfs-classic", "fabric")
 COLORS = {"rmemfs": "#d95f02", "rmemfs-classic": "#fdae6b", "rmemfs-vol": "#e7298a",
-          "tmpfs": "#7f7f7f", "sshfs": "#1f78b4", "nullfs": "#33a02c",
+          MAPPED: "#e6ab02", "tmpfs": "#7f7f7f", "sshfs": "#1f78b4", "nullfs": "#33a02c",
           "nullfs-classic": "#b2df8a", "fabric": "#6a3d9a"}
 # The targets an fsd serves (memory and fsd traffic in the manifest).
-RMEMFS_TARGETS = ("rmemfs", "rmemfs-classic", VOLUME)
+RMEMFS_TARGETS = ("rmemfs", "rmemfs-classic", MAPPED, VOLUME)
 # The copy jobs: with copy_file_range(2), and the same copy through read(2) and
 # write(2). COPY_RANGE / COPY_RW on one target is what copy_file_range gives there.
 COPY_RANGE, COPY_RW = "copy-range", "copy-rw"
@@ -107,6 +120,9 @@ def parse_args():
                    help="an extra option given to every fio run, recorded as is")
     p.add_argument("--transport", action="append", default=[], metavar="TARGET=TEXT",
                    help="the FUSE transport that served TARGET, as its daemon logged it")
+    p.add_argument("--fabric", action="append", default=[], metavar="TARGET=TEXT",
+                   help="the fabric TARGET's fsd reached the memnode over, as its log and "
+                   "the memnode's said it")
     p.add_argument("--started", type=float, required=True, help="epoch seconds")
     p.add_argument("--loadavg-start", default="")
     p.add_argument("--busy-start", type=float, help="%% of CPU busy just before the run")
@@ -590,6 +606,46 @@ def bar_summary(doc):
     return summary
 
 
+def mapped_summary(doc):
+    """Issue 55's figure for rmemfs-mapped, reported and never judged: per fio job and
+    metadata job that ran, rmemfs-mapped over its bound (nullfs, the ring ceiling) and
+    whether that is at least MAPPED_BAR (None where a run is missing or failed); and
+    the jobs where it is met, missed or unknown. None when rmemfs-mapped did not run."""
+    if MAPPED not in doc["targets"]:
+        return None
+    jobs = [j for j in doc["jobs"] if not is_copy(doc, j)]
+    out = {"bound": MAPPED_BOUND, "at_least": MAPPED_BAR, "jobs": {}, "met": [],
+           "missed": [], "unknown": []}
+    for job in jobs:
+        v = doc["mapped_ratios"].get(job, {}).get(f"vs_{MAPPED_BOUND}")
+        meets = None if v is None else v >= MAPPED_BAR
+        out["jobs"][job] = {f"vs_{MAPPED_BOUND}": v, "meets": meets}
+        out[{True: "met", False: "missed", None: "unknown"}[meets]].append(job)
+    return out
+
+
+def print_mapped_bar(doc, jobs):
+    """One paragraph: where rmemfs-mapped reached MAPPED_BAR x nullfs among jobs."""
+    summary = doc.get("mapped_bar")
+    if not summary or MAPPED_BOUND not in doc["targets"]:
+        return
+    jobs = [j for j in jobs if j in summary["jobs"]]
+    if not jobs:
+        return
+    met = [j for j in jobs if j in summary["met"]]
+    missed = [j for j in jobs if j in summary["missed"]]
+    unknown = [j for j in jobs if j in summary["unknown"]]
+    key = f"vs_{MAPPED_BOUND}"
+    text = (f"{MAPPED} >= {MAPPED_BAR:g}x {MAPPED_BOUND} (issue 55's figure, reported and "
+            f"never judged): {len(met)} of {len(jobs)} job(s)")
+    if missed:
+        text += "; below in " + ", ".join(
+            f"{j} {fmt_ratio(summary['jobs'][j][key])}" for j in missed)
+    if unknown:
+        text += f"; no number for {', '.join(unknown)}"
+    print(textwrap.fill(text, width=92, break_on_hyphens=False))
+
+
 def fmt(value, digits=0):
     if value is None:
         return "-"
@@ -621,12 +677,17 @@ def print_header(doc):
     if any(t in targets for t in RMEMFS_TARGETS):
         extra = " ".join(doc["fsd_extra_args"])
         print(f"  rmemfs: {s.get('memnodes')} memnode on 127.0.0.1, {s.get('fabric')} fabric, "
-              f"{mib(s.get('memnode_size_bytes'))}; fsd --cache {s.get('cache')} "
+              f"{mib(s.get('memnode_size_bytes'))}; fsd --transport {s.get('fabric')} "
+              f"--cache {s.get('cache')} "
               f"--block-size {s.get('block_size')}{' ' + extra if extra else ''} "
               "(--fuse-transport auto, the default)")
     if "rmemfs-classic" in targets:
         print("  rmemfs-classic: the same fsd flags plus --fuse-transport classic "
               "(/dev/fuse), on the same memnode")
+    if MAPPED in targets:
+        print(f"  {MAPPED}: rmemfs's fsd flags but --transport mapped, on the same memnode: "
+              "its region (a memfd) mapped in fsd, READ and WRITE copies into it, control "
+              f"over tcp; its bound is {MAPPED_BOUND} (the ring ceiling)")
     if VOLUME in targets:
         print(f"  rmemfs-vol: the same fsd flags on the durable volume "
               f"'{s.get('volume')}' (--volume) on that memnode, metadata jobs only: "
@@ -682,6 +743,14 @@ def print_header(doc):
         for t in targets:
             if t in transports:
                 print(f"    {t:<{width}}  {transports[t]}")
+    fabrics = doc.get("fsd_fabrics") or {}
+    if fabrics:
+        print("  the fabric each fsd reached the memnode over (from its log, checked "
+              "against the memnode's):")
+        width = max(len(t) for t in fabrics)
+        for t in targets:
+            if t in fabrics:
+                print(f"    {t:<{width}}  {fabrics[t]}")
     versions = [s[k] for k in ("fsd_version", "nullfs_version", "fabricbench_version",
                                "fio_version", "tar_version", "sshfs_version",
                                "sshd_version") if k in s]
@@ -698,13 +767,19 @@ def has_classic_pair(targets):
 
 BOUND_COL = f"{BAR_BOUND:g}x bound"
 SSHFS_COL = f"{BAR_SSHFS:g}x sshfs"
+# rmemfs-mapped's columns in the fio table (its row only): over its bound, over
+# rmemfs (tcp), and issue 55's figure.
+MAPPED_VS_BOUND_COL = f"mapped/{MAPPED_BOUND}"
+MAPPED_VS_TCP_COL = "mapped/tcp"
+MAPPED_BAR_COL = f"{MAPPED_BAR:g}x {MAPPED_BOUND}"
 
 
 def data_columns(doc):
     """The ratio and bar columns of the fio table this run has numbers for: rmemfs's
     bound (which target) and rmemfs / bound, rmemfs / sshfs, bound / sshfs, each
     target over its /dev/fuse twin (rmemfs's and nullfs's rows), and the two
-    indications of the bar."""
+    indications of the bar; then rmemfs-mapped / nullfs, rmemfs-mapped / rmemfs and
+    whether the first is at least MAPPED_BAR (rmemfs-mapped's row)."""
     t = doc["targets"]
     cols = []
     bound = "rmemfs" in t and any(b in t for b in ("nullfs", "fabric"))
@@ -720,6 +795,12 @@ def data_columns(doc):
         cols.append(BOUND_COL)
         if "sshfs" in t:
             cols.append(SSHFS_COL)
+    if MAPPED in t and MAPPED_BOUND in t:
+        cols.append(MAPPED_VS_BOUND_COL)
+    if MAPPED in t and "rmemfs" in t:
+        cols.append(MAPPED_VS_TCP_COL)
+    if MAPPED in t and MAPPED_BOUND in t:
+        cols.append(MAPPED_BAR_COL)
     return cols
 
 
@@ -729,8 +810,13 @@ def yes_no(value):
 
 def data_cells(doc, r, cols):
     """The cells of cols for result r: rmemfs's row carries the bound, sshfs and bar
-    columns, rmemfs's and nullfs's rows their gain over /dev/fuse."""
+    columns, rmemfs's and nullfs's rows their gain over /dev/fuse, rmemfs-mapped's its
+    own columns."""
     b = doc["bounds"].get(r["job"], {}) if r["target"] == "rmemfs" else {}
+    mapped = {}
+    if r["target"] == MAPPED:
+        mapped = doc["mapped_ratios"].get(r["job"], {})
+        figure = (doc.get("mapped_bar") or {}).get("jobs", {}).get(r["job"], {})
     bar = b.get("in_bar")
     sshfs = ""
     if bar:
@@ -743,23 +829,32 @@ def data_cells(doc, r, cols):
         "vs classic": fmt_ratio(doc["transport_gains"].get(r["job"], {}).get(r["target"])),
         BOUND_COL: yes_no(b.get("meets_bound")) if bar else "",
         SSHFS_COL: sshfs,
+        MAPPED_VS_BOUND_COL: fmt_ratio(mapped.get(f"vs_{MAPPED_BOUND}")),
+        MAPPED_VS_TCP_COL: fmt_ratio(mapped.get("vs_rmemfs")),
+        MAPPED_BAR_COL: yes_no(figure.get("meets")) if r["target"] == MAPPED else "",
     }
     return tuple(cells[c] for c in cols)
 
 
 def meta_columns(doc):
-    """The ratio columns of the metadata table: rmemfs (and rmemfs-vol) over the
-    baselines with files that ran, each target over its /dev/fuse twin, and
-    rmemfs-vol over rmemfs."""
+    """The ratio columns of the metadata table: rmemfs (and rmemfs-vol and
+    rmemfs-mapped) over the baselines with files that ran, each target over its
+    /dev/fuse twin, and rmemfs-vol and rmemfs-mapped over rmemfs."""
     t = doc["targets"]
     cols = []
-    if "rmemfs" in t or VOLUME in t:
+    if "rmemfs" in t or VOLUME in t or MAPPED in t:
         cols = [b for b in ("tmpfs", "sshfs", "nullfs") if b in t]
     if has_classic_pair(t):
         cols.append("classic")
-    if VOLUME in t and "rmemfs" in t:
+    if (VOLUME in t or MAPPED in t) and "rmemfs" in t:
         cols.append("rmemfs")
     return cols
+
+
+def meta_bar_column(doc):
+    """Whether the metadata table has rmemfs-mapped's column of issue 55's figure."""
+    t = doc["targets"]
+    return MAPPED in t and MAPPED_BOUND in t
 
 
 def table_rows(doc):
@@ -803,6 +898,8 @@ def meta_rows(doc):
                      if k != "vs_rmemfs"}
         elif r["target"] == VOLUME:
             ratio = dict(doc["volume_ratios"].get(r["job"], {}))
+        elif r["target"] == MAPPED:
+            ratio = dict(doc["mapped_ratios"].get(r["job"], {}))
         ratio.pop("vs_classic", None)
         gain = doc["transport_gains"].get(r["job"], {}).get(r["target"])
         if gain is not None:
@@ -813,11 +910,15 @@ def meta_rows(doc):
         def us(v):
             return fmt(v, 1 if v is not None and v < 100 else 0)
 
+        figure = ()
+        if meta_bar_column(doc):
+            meets = (doc.get("mapped_bar") or {}).get("jobs", {}).get(r["job"], {})
+            figure = (yes_no(meets.get("meets")) if r["target"] == MAPPED else "",)
         rows.append((
             r["job"], r["target"], fmt(r["ops_per_s"]), fmt(r["seconds"], 3),
             us(lat.get("p50")), us(lat.get("p99")), fmt(r.get("cpu_busy_pct")), us(cpu),
             fmt(r.get("steal_pct"), 1),
-        ) + tuple(fmt_ratio(ratio.get(f"vs_{c}")) for c in cols))
+        ) + tuple(fmt_ratio(ratio.get(f"vs_{c}")) for c in cols) + figure)
     return rows
 
 
@@ -935,9 +1036,21 @@ def print_table(doc):
             notes.append(f"{SSHFS_COL}: rmemfs >= {BAR_SSHFS:g} x sshfs, n/a where the bound "
                          f"is below {BAR_SSHFS_IF:g}x sshfs;")
         notes.append("the bar's jobs only (not the in-cache one); - = a run missing.")
+    if MAPPED_VS_BOUND_COL in cols or MAPPED_VS_TCP_COL in cols:
+        notes.append(f"On {MAPPED}'s row (fsd over the mapped fabric, no fabric under it: "
+                     f"its bound is {MAPPED_BOUND}, the ring ceiling, in every job):")
+        if MAPPED_VS_BOUND_COL in cols:
+            notes.append(f"{MAPPED_VS_BOUND_COL} = {MAPPED} / {MAPPED_BOUND};")
+        if MAPPED_VS_TCP_COL in cols:
+            notes.append(f"{MAPPED_VS_TCP_COL} = {MAPPED} / rmemfs (the tcp fabric): what "
+                         "mapping gains;")
+        if MAPPED_BAR_COL in cols:
+            notes.append(f"{MAPPED_BAR_COL}: {MAPPED} >= {MAPPED_BAR:g} x {MAPPED_BOUND} "
+                         "(issue 55's figure), every fio job.")
     if notes:
         print(textwrap.fill(" ".join(notes), width=92, break_on_hyphens=False))
     print_bar(doc)
+    print_mapped_bar(doc, data_jobs(doc))
 
 
 def print_cpu_parts(doc):
@@ -968,7 +1081,8 @@ def print_cpu_parts(doc):
     print(textwrap.fill(
         "all = CPU us/req above; daemon = the target's fsd or nullfs (fabric: fabricbench "
         "is in rest), in user and kernel mode; memnode = the memnode it reads and writes, "
-        "both modes; rest = all - the others: fio (or fabricbench), the kernel's FUSE, "
+        f"both modes ({MAPPED}: the memnode serves its control alone, fsd copies the data "
+        "itself); rest = all - the others: fio (or fabricbench), the kernel's FUSE, "
         "network and softirq work on their behalf, everything else. From each "
         "process's clock ticks over the run, as busy% is.", width=92,
         break_on_hyphens=False))
@@ -981,6 +1095,8 @@ def print_meta_table(doc):
     cols = meta_columns(doc)
     head = ("job", "target", "files/s", "seconds", "p50 us", "p99 us", "busy%",
             "CPU us/op", "steal%") + tuple(f"vs {c}" for c in cols)
+    if meta_bar_column(doc):
+        head += (MAPPED_BAR_COL,)
     print_rows(head, meta_rows(doc))
     print("Metadata jobs, one process, one file at a time: files/s = files created "
           "(create: open, write of")
@@ -992,14 +1108,21 @@ def print_meta_table(doc):
     if doc["settings"].get("repeat", 1) > 1:
         print(f"Each row is the median of {doc['settings']['repeat']} runs by files/s.")
     if cols:
-        print("vs X = rmemfs (or rmemfs-vol) files/s / X files/s in the same bench run "
-              "(>1: faster);")
+        print("vs X = rmemfs (or rmemfs-vol, rmemfs-mapped) files/s / X files/s in the same "
+              "bench run (>1: faster);")
         if "classic" in cols:
             print("vs classic = rmemfs / rmemfs-classic and nullfs / nullfs-classic: what "
                   "FUSE over io_uring gains;")
-        if "rmemfs" in cols:
+        if "rmemfs" in cols and VOLUME in doc["targets"]:
             print("rmemfs-vol's vs rmemfs = durable volume / scratch mount: below 1, "
-                  "what durable metadata costs.")
+                  "what durable metadata costs;")
+        if "rmemfs" in cols and MAPPED in doc["targets"]:
+            print(f"{MAPPED}'s vs rmemfs = the mapped fabric / the tcp fabric: what mapping "
+                  "gains;")
+    if meta_bar_column(doc):
+        print(f"{MAPPED_BAR_COL}: {MAPPED} >= {MAPPED_BAR:g} x {MAPPED_BOUND} "
+              "(issue 55's figure), on its row.")
+    print_mapped_bar(doc, doc["metadata_jobs"])
 
 
 def copy_columns(doc):
@@ -1095,7 +1218,9 @@ def print_memory(doc):
                  if r["target"] == target and r.get("fsd_peak_rss_bytes")]
         if peaks:
             print(f"{target}: fsd peak RSS {mib(max(peaks))} with --cache "
-                  f"{doc['settings'].get('cache')}")
+                  f"{doc['settings'].get('cache')}"
+                  + (" (with the pages of the memnode's region it touched through its "
+                     "mapping, which the memnode holds too)" if target == MAPPED else ""))
 
 
 def read_amplification(traffic):
@@ -1144,8 +1269,9 @@ def ratio_labels(doc, job):
     run has (empty ones last): for a fio job rmemfs over its bound, over sshfs and
     over rmemfs-classic, and nullfs over nullfs-classic; for a metadata job rmemfs
     over tmpfs, sshfs, nullfs and rmemfs-classic, rmemfs-vol over rmemfs, and nullfs
-    over nullfs-classic; for a copy job rmemfs's copy-range over its copy-rw (copy-range
-    only) and rmemfs over tmpfs, sshfs and rmemfs-classic."""
+    over nullfs-classic; for both, rmemfs-mapped over nullfs; for a copy job rmemfs's
+    copy-range over its copy-rw (copy-range only) and rmemfs over tmpfs, sshfs and
+    rmemfs-classic."""
     t = doc["targets"]
     gains = doc["transport_gains"].get(job, {})
     groups = []
@@ -1185,6 +1311,10 @@ def ratio_labels(doc, job):
             mine.append(f"{fmt_ratio(gains['rmemfs'])} classic" if "rmemfs" in gains
                         else None)
         groups.append(("rmemfs: ", mine))
+    if MAPPED in t and MAPPED_BOUND in t and not is_copy(doc, job):
+        v = doc["mapped_ratios"].get(job, {}).get(f"vs_{MAPPED_BOUND}")
+        groups.append(("mapped: ", [None if v is None
+                                    else f"{fmt_ratio(v)} {MAPPED_BOUND}"]))
     if "nullfs" in t and "nullfs-classic" in t and not is_copy(doc, job):
         groups.append(("nullfs: ", [f"{fmt_ratio(gains['nullfs'])} classic"
                                     if "nullfs" in gains else None]))
@@ -1325,6 +1455,7 @@ def main():
         "targets": targets,
         "results": results,
         "fuse_transports": dict(t.partition("=")[::2] for t in args.transport),
+        "fsd_fabrics": dict(t.partition("=")[::2] for t in args.fabric),
         "ratios": ratios(results, jobs),
         "volume_ratios": ratios(results, metadata_jobs, VOLUME,
                                 ("rmemfs",) + tuple(b for b in BASELINES if b != "fabric")),
@@ -1332,8 +1463,11 @@ def main():
         "bounds": bounds(results, [j for j in jobs if j not in metadata_jobs + copy_jobs],
                          targets),
         "copy_range_vs_rw": copy_speedups(results, targets),
+        "mapped_ratios": ratios(results, [j for j in jobs if j not in copy_jobs], MAPPED,
+                                MAPPED_BASELINES),
     }
     doc["bar"] = bar_summary(doc)
+    doc["mapped_bar"] = mapped_summary(doc)
     print_header(doc)
     print_table(doc)
     print_cpu_parts(doc)
