@@ -660,21 +660,25 @@ mod tests {
         };
         assert_eq!(n, 100);
         assert_eq!(seen, [7; 100], "the file holds the region's bytes");
-        r.write(0, &vec![1; (16 * page) as usize]).expect("in bounds");
+        r.write(0, &vec![1; (16 * page) as usize])
+            .expect("in bounds");
         r.zero(4 * page + 10, 8 * page).expect("in bounds");
+        assert_eq!(
+            r.resident_pages(5 * page, 7 * page).expect("mincore"),
+            0,
+            "whole pages punched out go back to the OS"
+        );
         let mut back = vec![9u8; (16 * page) as usize];
         r.read(0, &mut back).expect("in bounds");
         let zeroed = (4 * page + 10) as usize..(12 * page + 10) as usize;
         assert!(back[zeroed.clone()].iter().all(|&b| b == 0), "zeroed");
         assert!(back[..zeroed.start].iter().all(|&b| b == 1), "before kept");
         assert!(back[zeroed.end..].iter().all(|&b| b == 1), "after kept");
-        assert_eq!(
-            r.resident_pages(5 * page, 7 * page).expect("mincore"),
-            0,
-            "whole pages punched out go back to the OS"
-        );
         assert!(r.shared_file().is_some());
-        assert!(region(16 * page).shared_file().is_none(), "anonymous memory is no file");
+        assert!(
+            region(16 * page).shared_file().is_none(),
+            "anonymous memory is no file"
+        );
     }
 
     #[test]

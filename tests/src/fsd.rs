@@ -367,9 +367,13 @@ impl FsdMount {
         .unwrap_or_else(|| self.stderr())
     }
 
-    /// fsd's resident set size (VmRSS in /proc/PID/status), in bytes.
+    /// fsd's own resident memory, in bytes: its resident set (VmRSS in
+    /// /proc/PID/status) less the shared memory in it (RssShmem). Over the mapped
+    /// fabric fsd maps the memnode's region, whose pages count in both processes'
+    /// resident sets but are the memnode's memory, not fsd's.
     pub fn rss_bytes(&self) -> u64 {
         self.status_bytes("VmRSS:")
+            .saturating_sub(self.status_bytes("RssShmem:"))
     }
 
     /// The most fsd's resident set has been (VmHWM) since it started or since

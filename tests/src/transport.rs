@@ -2,7 +2,10 @@
 //! same tests run over tcp on any host and over verbs where there is an RDMA device
 //! (scripts/softroce/e2e.sh runs them inside a qemu guest with Soft-RoCE).
 //!
-//! - `RMEMFS_TRANSPORT`: `tcp` (the default when unset or empty), `verbs` or `auto`.
+//! - `RMEMFS_TRANSPORT`: `tcp` (the default when unset or empty), `verbs`, `mapped`
+//!   or `auto`. With `mapped` every memnode shares its region and every fsd maps it
+//!   (the third fabric); the tests of tenants cannot run so (a memnode with a tenants
+//!   file shares nothing, by design: it refuses `--transport mapped`).
 //!   Every memnode and fsd the harness starts gets `--transport <it>` (fsd also for its
 //!   embedded memnode), and the harness's own control connections use the same one.
 //!   Tests that are tcp-only by nature (raw TCP bytes to a memnode) ask for

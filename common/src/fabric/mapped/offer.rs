@@ -376,7 +376,7 @@ impl MapOffer {
             .and_then(|()| send(b"grants", self.table_fd.as_fd()))
             .and_then(|()| send(b"section", section_fd.as_fd()))
             .map_err(|e| format!("{peer}: cannot pass descriptors: {e}"))?;
-        log::info!("client {} maps the region ({peer})", t.client);
+        log::info!("client {:#x} maps the region ({peer})", t.client);
         lock(&self.conns).push(Arc::new(MappedConn {
             client: t.client,
             conn_id: t.conn_id,

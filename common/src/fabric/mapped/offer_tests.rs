@@ -14,8 +14,9 @@ fn offer() -> Arc<MapOffer> {
 }
 
 /// Redeems the ticket of `reply` (an `OP_MAP` reply) as this process: the headers of
-/// the descriptors received, or the error that ended it.
-fn redeem(reply: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+/// the descriptors received and the socket (the mapped connection lasts while it is
+/// open), or the error that ended it.
+fn redeem(reply: &[u8]) -> Result<(Vec<Vec<u8>>, UnixStream), String> {
     let o = Offer::decode(reply)?;
     let addr = UnixAddr::from_abstract_name(&o.socket).map_err(|e| e.to_string())?;
     let mut s = UnixStream::connect_addr(&addr).map_err(|e| e.to_string())?;
@@ -27,7 +28,7 @@ fn redeem(reply: &[u8]) -> Result<Vec<Vec<u8>>, String> {
         let (header, _fd) = pass::recv_fd(&s).map_err(|e| e.to_string())?;
         got.push(header);
     }
-    Ok(got)
+    Ok((got, s))
 }
 
 #[test]
@@ -54,11 +55,14 @@ fn an_offer_round_trips_and_garbage_is_refused() {
 fn a_ticket_buys_the_descriptors_once() {
     let offer = offer();
     let reply = offer.issue(5, 1).expect("ticket");
+    let (got, sock) = redeem(&reply).expect("the descriptors");
     assert_eq!(
-        redeem(&reply).expect("the descriptors"),
+        got,
         vec![b"region".to_vec(), b"grants".to_vec(), b"section".to_vec()]
     );
     assert_eq!(offer.connections(), 1);
+    drop(sock);
+    assert_eq!(offer.connections(), 0, "the client closed it");
     assert!(redeem(&reply).is_err(), "a ticket used twice");
     let mut forged = Offer::decode(&reply).unwrap();
     forged.ticket[0] ^= 1;
@@ -69,13 +73,21 @@ fn a_ticket_buys_the_descriptors_once() {
 fn the_tcp_connection_ending_takes_its_tickets_and_mappings_with_it() {
     let offer = offer();
     let mapped = offer.issue(5, 1).expect("ticket");
-    redeem(&mapped).expect("the descriptors");
+    let (_, sock) = redeem(&mapped).expect("the descriptors");
+    assert_eq!(offer.connections(), 1);
     let unused = offer.issue(5, 1).expect("ticket");
     let other = offer.issue(6, 2).expect("ticket");
     offer.connection_closed(1);
-    assert_eq!(offer.connections(), 0, "the mapped connection of tcp connection 1");
+    assert_eq!(
+        offer.connections(),
+        0,
+        "the mapped connection of tcp connection 1"
+    );
     assert!(redeem(&unused).is_err(), "its unused ticket is void");
     redeem(&other).expect("another connection's ticket still works");
+    // The memnode closed its end of the mapped connection.
+    let mut byte = [0u8; 1];
+    assert_eq!(std::io::Read::read(&mut &sock, &mut byte).expect("EOF"), 0);
 }
 
 #[test]
@@ -85,7 +97,10 @@ fn a_revocation_does_not_wait_for_other_clients_and_the_table_forgets_the_grant(
     offer.granted(10, 5, 0x90_0000, 4096); // outside the region: not filed
     let table = lock(&offer.table);
     assert!(table.lookup(9).is_some());
-    assert!(table.lookup(10).is_none(), "only the region's registrations");
+    assert!(
+        table.lookup(10).is_none(),
+        "only the region's registrations"
+    );
     drop(table);
     offer.revoked(9);
     assert!(lock(&offer.table).lookup(9).is_none());
@@ -127,7 +142,11 @@ fn redeem_as_nobody(socket: &[u8], ticket: &[u8; TICKET_LEN]) -> ! {
         msg.msg_control = control.as_mut_ptr().cast();
         msg.msg_controllen = std::mem::size_of_val(&control);
         let n = libc::recvmsg(fd, &mut msg, 0);
-        libc::_exit(if n > 0 && msg.msg_controllen > 0 { 0 } else { 1 });
+        libc::_exit(if n > 0 && msg.msg_controllen > 0 {
+            0
+        } else {
+            1
+        });
     }
 }
 
@@ -135,7 +154,9 @@ fn redeem_as_nobody(socket: &[u8], ticket: &[u8; TICKET_LEN]) -> ! {
 fn a_process_of_another_user_gets_nothing() {
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        println!("SKIPPED a_process_of_another_user_gets_nothing: needs root to become another user");
+        println!(
+            "SKIPPED a_process_of_another_user_gets_nothing: needs root to become another user"
+        );
         return;
     }
     let offer = offer();
