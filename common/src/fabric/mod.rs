@@ -288,7 +288,7 @@ impl Transport {
 
     /// Why `auto` picked what it picked, for the log line saying which was chosen.
     pub fn describe_choice(self) -> String {
-        if matches!(self, Transport::Tcp | Transport::Mapped) {
+        if self == Transport::Mapped {
             return self.to_string();
         }
         match verbs_device() {

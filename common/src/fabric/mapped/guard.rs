@@ -167,7 +167,7 @@ impl GuardedMap {
         // SAFETY: `range` checked that `[at, at + len)` lies inside the mapping, which
         // lives as long as `self`; `dst` is the caller's own buffer, never part of it.
         unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
-        self.unbroken()
+        self.unbroken_after_copy()
     }
 
     /// Copies `src` to offset `at` of the mapping.
@@ -175,7 +175,7 @@ impl GuardedMap {
         let dst = self.range(at, src.len())?;
         // SAFETY: as in `read`, the other way.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
-        self.unbroken()
+        self.unbroken_after_copy()
     }
 
     /// The start of `[at, at + len)` in the mapping, checked.
@@ -193,6 +193,16 @@ impl GuardedMap {
         // SAFETY: `at <= self.len`, so the pointer stays inside (or one past) the
         // mapping.
         Ok(unsafe { self.ptr.add(at) })
+    }
+
+    /// [`GuardedMap::unbroken`] after a copy, which the signal handler may have
+    /// interrupted to mark the mapping broken. The compiler knows the copy touches
+    /// only its two buffers and may otherwise treat the flag as unchanged since the
+    /// load before the copy; a signal fence makes it load the flag again after the
+    /// copy, as the handler left it.
+    fn unbroken_after_copy(&self) -> Result<(), MapError> {
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        self.unbroken()
     }
 
     fn unbroken(&self) -> Result<(), MapError> {

@@ -99,7 +99,10 @@ fn readers_on_many_threads_survive_a_truncation() {
                 let mut oks = 0;
                 for i in 0.. {
                     let at = ((i * 8 + t) % 56) * PAGE;
-                    match m.read(at, &mut buf) {
+                    let r = m.read(at, &mut buf);
+                    // A buffer never looked at would let the optimizer drop the copy.
+                    std::hint::black_box(&mut buf);
+                    match r {
                         Ok(()) => oks += 1,
                         Err(MapError::Broken) => return oks,
                         Err(e) => panic!("{e}"),
@@ -115,6 +118,7 @@ fn readers_on_many_threads_survive_a_truncation() {
     // page after the truncation breaks the mapping for all of them.
     let mut buf = vec![0u8; 64 * PAGE];
     assert_eq!(m.read(0, &mut buf), Err(MapError::Broken));
+    std::hint::black_box(&buf);
     for r in readers {
         r.join().expect("a reader survives");
     }

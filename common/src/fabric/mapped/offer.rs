@@ -371,19 +371,25 @@ impl MapOffer {
             return Err(format!("{peer}: ticket expired"));
         }
         let (section_fd, section) = ReadSection::create().map_err(|e| e.to_string())?;
-        let send = |what: &[u8], fd| pass::send_fd(&stream, what, fd);
-        send(b"region", self.region.fd.as_fd())
-            .and_then(|()| send(b"grants", self.table_fd.as_fd()))
-            .and_then(|()| send(b"section", section_fd.as_fd()))
-            .map_err(|e| format!("{peer}: cannot pass descriptors: {e}"))?;
-        log::info!("client {:#x} maps the region ({peer})", t.client);
-        lock(&self.conns).push(Arc::new(MappedConn {
+        // Listed before the client has its descriptors, so that no revocation can
+        // miss a connection that is about to copy.
+        let conn = Arc::new(MappedConn {
             client: t.client,
             conn_id: t.conn_id,
             section,
             stream,
-            peer,
-        }));
+            peer: peer.clone(),
+        });
+        lock(&self.conns).push(conn.clone());
+        let send = |what: &[u8], fd| pass::send_fd(&conn.stream, what, fd);
+        let sent = send(b"region", self.region.fd.as_fd())
+            .and_then(|()| send(b"grants", self.table_fd.as_fd()))
+            .and_then(|()| send(b"section", section_fd.as_fd()));
+        if let Err(e) = sent {
+            self.drop_conn(&conn, "its descriptors could not be passed");
+            return Err(format!("{peer}: cannot pass descriptors: {e}"));
+        }
+        log::info!("client {:#x} maps the region ({peer})", t.client);
         Ok(())
     }
 }
