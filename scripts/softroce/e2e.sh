@@ -19,7 +19,9 @@
 #                     tests of replication, a memnode stalled past the op timeout and
 #                     resumed (an rdma_cm disconnect and reconnect), a volume whose
 #                     newest metadata is on a memnode that is away at mount (refused,
-#                     then --degraded), fabricbench, two tests of volumes, volumes_damage,
+#                     then --degraded), memnodes restarted on their memory files (two
+#                     entries, the two-copy volume alone, so each has its own --watch),
+#                     fabricbench, two tests of volumes, volumes_damage,
 #                     integrity (page checksums, read repair and scrubbing over verbs) and
 #                     wireguard (memnode and fsd over a WireGuard tunnel between two
 #                     network namespaces, over tcp whatever the transport: the host's
@@ -57,7 +59,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/lib.sh"
 
 transport=verbs
-tests=round_trip,full_remote_memory,posix,remote_memory_reclaim,remote_traffic:moves_4k_per_request,replication:two_replicas_survive,replication:one_replica_losing,transient_faults:stalled,transient_faults:not_rolled_back,transient_faults:memory_file,fabricbench,volumes:second_fsd_is_refused_and_takeover_fences,volumes:rmemfs_volume_list_and_destroy,volumes_damage,integrity,wireguard,authentication:second_token_holder,tenants:quota
+tests=round_trip,full_remote_memory,posix,remote_memory_reclaim,remote_traffic:moves_4k_per_request,replication:two_replicas_survive,replication:one_replica_losing,transient_faults:stalled,transient_faults:not_rolled_back,transient_faults:its_memory_file,transient_faults:their_memory_files,fabricbench,volumes:second_fsd_is_refused_and_takeover_fences,volumes:rmemfs_volume_list_and_destroy,volumes_damage,integrity,wireguard,authentication:second_token_holder,tenants:quota
 timeout_s=1200
 mem=2048
 smp=2
