@@ -55,6 +55,15 @@ impl Index {
 }
 
 impl PageCache {
+    /// Whether the cache has a page of `key`, in use or being written back, without
+    /// counting or touching it. A reader that goes around the cache
+    /// (`RmemFs::read_mapped`) must not while there is one: its bytes may be newer
+    /// than remote memory's.
+    pub fn holds_page(&self, key: PageKey) -> bool {
+        let idx = lock(&self.index);
+        idx.lru.contains(&key) || idx.evicting.contains_key(&key)
+    }
+
     /// Returns the page for `key`, creating it (holding nothing) if needed, evicting as
     /// needed: a sector page of the sector starting at `sector` if given, else a page of
     /// the whole block; `batched`: a miss is one of reads that came together. Must

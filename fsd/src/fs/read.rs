@@ -4,10 +4,14 @@
 //! answered in one round trip per file (`read_together`).
 
 use super::{finished_blocks, FileCounters, RmemFs};
-use crate::cache::Fill;
+use crate::cache::{Fill, PageKey};
 use crate::error::FsResult;
-use crate::inode::Ino;
+use crate::inode::{Ino, Inode};
+use std::ops::Range;
 use std::sync::atomic::Ordering;
+
+/// Bytes per page sum: a read around the cache is of whole ones.
+const SUM_PAGE: usize = crate::remote::PAGE as usize;
 
 /// A read that came with others (see [`RmemFs::read_together`]): `dst.len()` bytes
 /// of file `ino` at `offset`, and once answered how many of them it read (fewer
@@ -78,6 +82,14 @@ impl RmemFs {
             let to = end.min(block_start + bs) - block_start;
             from as usize..to as usize
         };
+        if !sequential
+            && first == last
+            && self.read_mapped(&inode, (ino, first), wanted(first), dst)
+        {
+            let done = wanted(first).len();
+            FileCounters::count(&self.counters.reads, &self.counters.read_bytes, done);
+            return Ok(done);
+        }
         let mut done = 0usize;
         self.cache.read(
             self,
@@ -170,6 +182,21 @@ impl RmemFs {
                 continue;
             }
             self.accessed(&inode);
+            // Over the mapped fabric, what the cache lacks is copied straight to the
+            // readers (`read_mapped`); the rest goes through the cache.
+            let c = &self.counters;
+            wanted.retain(|(i, r, n)| {
+                let read = &mut reads[*n];
+                if !self.read_mapped(&inode, (ino, *i), r.clone(), read.dst) {
+                    return true;
+                }
+                read.done = Some(r.len());
+                FileCounters::count(&c.reads, &c.read_bytes, r.len());
+                false
+            });
+            if wanted.is_empty() {
+                continue;
+            }
             // One range per block: all that its reads want.
             let mut blocks: Vec<(u64, std::ops::Range<usize>)> = Vec::with_capacity(wanted.len());
             for (i, r, _) in &wanted {
@@ -212,5 +239,50 @@ impl RmemFs {
             }
         }
         loaded
+    }
+}
+
+impl RmemFs {
+    /// Over the mapped fabric, bytes `range` of block `key` (of `inode`, whose I/O
+    /// lock the caller holds shared) copied straight from a memnode's mapped region
+    /// into `dst`, around the cache: true if they were, and are good. Only whole pages
+    /// the cache holds no page of (its page may be newer than remote memory), and only
+    /// as `remote/mapped.rs` checks them; false leaves the read to the cache, which
+    /// waits, repairs and reports. Counted as a cache miss: the cache did not hold it.
+    fn read_mapped(
+        &self,
+        inode: &Inode,
+        key: PageKey,
+        range: Range<usize>,
+        dst: &mut [u8],
+    ) -> bool {
+        let pages = !range.is_empty()
+            && range.start.is_multiple_of(SUM_PAGE)
+            && range.len().is_multiple_of(SUM_PAGE)
+            && dst.len() >= range.len();
+        if !pages || !self.remote.maps_any() {
+            return false;
+        }
+        let (loc, expected) = {
+            let m = inode.meta();
+            match m.blocks.get(&key.1).filter(|e| e.written) {
+                Some(e) => (e.loc.clone(), e.sums.expected(range.start, range.len())),
+                None => return false,
+            }
+        };
+        let Some(copy) = self.remote.mapped_copy(&loc) else {
+            return false;
+        };
+        if self.cache.holds_page(key) {
+            return false;
+        }
+        let dst = &mut dst[..range.len()];
+        let good = self
+            .remote
+            .read_mapped(&loc, copy, range.start, dst, &expected);
+        if good {
+            self.cache.counters.misses.fetch_add(1, Ordering::Relaxed);
+        }
+        good
     }
 }

@@ -96,7 +96,7 @@ impl RemoteStore {
 
     /// Sends `batch` (operations on copies of `node`) on one of its connections;
     /// one result per operation.
-    fn execute_on(
+    pub(super) fn execute_on(
         &self,
         node: &Node,
         batch: &mut [(usize, CopyOp<'_>)],

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 /// How many of the `len` bytes at `offset` of a block lie in its allocation.
-fn held_part(loc: &BlockLoc, offset: usize, len: usize) -> usize {
+pub(super) fn held_part(loc: &BlockLoc, offset: usize, len: usize) -> usize {
     (loc.bytes() as usize).saturating_sub(offset).min(len)
 }
 

@@ -46,6 +46,7 @@ mod counters;
 mod error;
 mod io;
 mod link;
+mod mapped;
 mod node;
 mod placement;
 mod pool;
