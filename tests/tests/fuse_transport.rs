@@ -241,13 +241,15 @@ fn each_queue_has_the_ring_threads_asked_for_and_serves_more_tasks_than_that() {
 /// Random reads that reach a queue while its thread is busy are answered together:
 /// what they miss is loaded from remote memory in one batch (fsd counts those
 /// misses), and every byte each reader gets is exact. Eight readers on one CPU, a
-/// file 8 times `--cache`: most reads miss, and they queue behind each other.
+/// file 8 times `--cache`: most reads miss, and they queue behind each other. Over
+/// tcp whatever RMEMFS_TRANSPORT says: over the mapped fabric such reads go around
+/// the cache, one copy each with no round trip to batch (tests/mapped_reads.rs).
 #[test]
 fn random_reads_that_come_together_are_loaded_in_one_batch_with_exact_data() {
     use std::os::unix::fs::FileExt;
     let (_lock, _on) = uring_on();
     let stats = StatsFile::new();
-    let mount = FsdMount::start(&args(&stats, "io-uring"));
+    let mount = FsdMount::start_on(rmemfs_tests::Transport::Tcp, &args(&stats, "io-uring"));
     let data = Arc::new(Pattern::for_test("together").bytes(0, 16 * MIB as usize));
     std::fs::write(mount.join("together"), &*data).unwrap();
     let until = Instant::now() + Duration::from_secs(2);
