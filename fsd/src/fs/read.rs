@@ -194,8 +194,9 @@ impl RmemFs {
                 FileCounters::count(&c.reads, &c.read_bytes, r.len());
                 false
             });
-            // One range per block (none when every read went around the cache: the
-            // cache then reads nothing, and the stream's state is kept below as ever): all that its reads want.
+            // One range per block: all that its reads want. None when every read went
+            // around the cache: the cache then reads nothing, and the stream's state
+            // below is kept as ever.
             let mut blocks: Vec<(u64, std::ops::Range<usize>)> = Vec::with_capacity(wanted.len());
             for (i, r, _) in &wanted {
                 match blocks.last_mut() {
