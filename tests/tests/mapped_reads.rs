@@ -18,10 +18,17 @@ const LIMIT: Duration = Duration::from_secs(60);
 fn mapped_mount(stats: &StatsFile) -> (FsdMount, MemnodeProc) {
     let memnode = MemnodeProc::start_on(Transport::Mapped, "256M", &[]);
     let fsd = FsdMount::with_memnode(&memnode, &["--cache", "16M", "--stats-file", stats.arg()]);
-    let said = fsd.stderr();
+    // fsd logs it before it mounts; its stderr is read by a thread of the harness,
+    // so the line may arrive a moment after the mount.
+    let mapped = rmemfs_tests::poll_until(Duration::from_secs(10), || {
+        fsd.stderr()
+            .contains("connections map its region")
+            .then_some(())
+    });
     assert!(
-        said.contains("connections map its region"),
-        "fsd should map the memnode's region; stderr:\n{said}"
+        mapped.is_some(),
+        "fsd should map the memnode's region; stderr:\n{}",
+        fsd.stderr()
     );
     (fsd, memnode)
 }
